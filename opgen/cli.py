@@ -1,0 +1,227 @@
+"""The `opgen` command: new, list, build, check, test, bench."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from opgen import __version__
+from opgen.errors import CheckFailed, OpgenError, SpecError
+from opgen.families import FAMILIES, family_names
+from opgen.render import Generated, environment, generate
+from opgen.spec import path_for_display
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+_state = {"debug": False}
+
+
+@app.callback()
+def _main(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+    version: bool = typer.Option(False, "--version", help="Print the version and exit."),
+) -> None:
+    """opgen: generate differentiable TileLang operators from TOML specs."""
+    _state["debug"] = debug
+    if version:
+        out.print(f"opgen {__version__}")
+        raise typer.Exit(0)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """OpgenError -> its message on stderr and its exit code; a traceback only with --debug."""
+    try:
+        yield
+    except OpgenError as exc:
+        if _state["debug"]:
+            raise
+        err.print(str(exc), markup=False)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _spec_paths(specs: list[Path]) -> list[Path]:
+    if specs:
+        return specs
+    found = sorted(Path("specs").glob("*.toml"))
+    if not found:
+        raise OpgenError("no spec given and none found in specs/*.toml; try `opgen new attention`")
+    return found
+
+
+def _generate_all(specs: list[Path]) -> list[Generated]:
+    """Render every spec in memory; report the errors of all files at once."""
+    env = environment()
+    generated, problems = [], []
+    for path in specs:
+        try:
+            generated.append(generate(path, env))
+        except SpecError as exc:
+            problems.append(str(exc))
+    owners: dict[str, str] = {}
+    for gen in generated:
+        if gen.name in owners:
+            problems.append(f"{gen.spec_path}: name: '{gen.name}' is also the name in "
+                            f"{owners[gen.name]}; each spec needs its own name")
+        owners.setdefault(gen.name, gen.spec_path)
+    if problems:
+        raise OpgenError("\n".join(problems))
+    return generated
+
+
+@app.command("list")
+def list_families() -> None:
+    """List the operator families opgen can generate."""
+    table = Table("family", "what it generates", box=None)
+    for name in family_names():
+        table.add_row(name, FAMILIES[name].DESCRIPTION)
+    out.print(table)
+
+
+@app.command()
+def new(
+    family: str = typer.Argument(..., help="Family of the operator (see `opgen list`)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Operator name (default: the family)."),
+    out_path: Optional[Path] = typer.Option(None, "--out", help="Spec path (default: specs/<name>.toml)."),
+) -> None:
+    """Write a commented scaffold spec that builds as is."""
+    with user_errors():
+        if family not in FAMILIES:
+            raise OpgenError(f"unknown family {family!r}; one of: {', '.join(family_names())}")
+        name = name or family
+        if not name.isidentifier() or name != name.lower() or name.startswith("__"):
+            raise OpgenError(f"--name: must be a lower-case Python identifier (got {name!r})")
+        target = out_path or Path("specs") / f"{name}.toml"
+        if target.exists():
+            raise OpgenError(f"{path_for_display(target)}: already exists; not overwriting it "
+                             "(choose another --out or --name)")
+        text = environment().get_template(f"new/{family}.toml.jinja").render(name=name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        shown = path_for_display(target)
+        out.print(f"wrote {shown}\nnext: edit it, then `opgen build {shown}`")
+
+
+@app.command()
+def build(
+    specs: list[Path] = typer.Argument(None, help="Spec files (default: specs/*.toml)."),
+    no_compile: bool = typer.Option(False, "--no-compile", help="Skip the CPU compile check."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Compile processes (default: CPUs)."),
+) -> None:
+    """Validate specs, render generated/<name>/, format with black, compile-check every kernel."""
+    from opgen.output import write
+
+    with user_errors():
+        started = time.perf_counter()
+        generated = _generate_all(_spec_paths(specs or []))
+        rows = {}
+        for gen in generated:
+            result = write(gen, Path.cwd())
+            rows[gen.spec_path] = [gen.spec_path, str(result.written), str(result.unchanged), "-",
+                                   f"{time.perf_counter() - started:.1f}"]
+        failures = [] if no_compile else _compile(generated, rows, jobs)
+        table = Table("spec", "written", "unchanged", "kernels compiled", "seconds", box=None)
+        for row in rows.values():
+            table.add_row(*row)
+        out.print(table)
+        if failures:
+            for f in failures:
+                err.print(f"{f.spec}: kernel {f.label}: compile failed:\n  "
+                          + f.error.replace("\n", "\n  "), markup=False)
+            raise CheckFailed(f"{len(failures)} kernel(s) failed the compile check")
+
+
+def _compile(generated: list[Generated], rows: dict[str, list[str]], jobs: Optional[int]):
+    from opgen.compile import compile_all
+
+    work = [(gen.spec_path, Path.cwd() / gen.out_dir / "kernels.py", job)
+            for gen in generated for job in gen.plan.compile_jobs]
+    seconds: dict[str, float] = {}
+    ok: dict[str, int] = {}
+    columns = (TextColumn("compile check (sm_90a)"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("{task.description}"))
+    with Progress(*columns, console=err, transient=False) as progress:
+        task = progress.add_task("", total=len(work))
+
+        def done(result) -> None:
+            seconds[result.spec] = seconds.get(result.spec, 0.0) + result.seconds
+            ok[result.spec] = ok.get(result.spec, 0) + result.ok
+            progress.update(task, advance=1, description=result.label)
+
+        results = compile_all(work, workers=jobs, on_done=done) if work else []
+    for gen in generated:
+        total = len(gen.plan.compile_jobs)
+        rows[gen.spec_path][3] = f"{ok.get(gen.spec_path, 0)}/{total}"
+        rows[gen.spec_path][4] = f"{float(rows[gen.spec_path][4]) + seconds.get(gen.spec_path, 0):.1f}"
+    return [r for r in results if not r.ok]
+
+
+@app.command()
+def check(specs: list[Path] = typer.Argument(None, help="Spec files (default: specs/*.toml).")) -> None:
+    """Exit 1 when generated/ is out of step with specs/ (stale, hand-edited, missing, extra)."""
+    from opgen.output import diff
+
+    with user_errors():
+        paths = _spec_paths(specs or [])
+        generated = _generate_all(paths)
+        problems = []
+        for gen in generated:
+            for drift in diff(gen, Path.cwd()):
+                problems.append(f"{drift.path}: {drift.kind}" + _why(drift.kind, gen.spec_path))
+                if drift.diff:
+                    problems.append(drift.diff)
+        if not specs:
+            # Checking the whole project: a package whose spec is gone is extra too.
+            known = {gen.name for gen in generated}
+            for orphan in sorted(Path("generated").glob("*/opgen-manifest.json")):
+                if orphan.parent.name not in known:
+                    problems.append(f"generated/{orphan.parent.name}/: extra (no spec in specs/ "
+                                    "builds it; delete it or restore its spec)")
+        if problems:
+            out.print("\n".join(problems), markup=False)
+            raise CheckFailed("generated/ is out of step with the specs; run `opgen build` "
+                              "(hand edits belong in the spec or in opgen's templates)")
+        out.print(f"generated/ matches {len(generated)} spec(s)")
+
+
+def _why(kind: str, spec_path: str) -> str:
+    return {
+        "stale": f" (the spec or opgen changed since the last build of {spec_path})",
+        "hand-edited": " (edited by hand since opgen wrote it)",
+        "missing": " (not on disk)",
+        "extra": " (not generated by the spec)",
+    }[kind]
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def test(ctx: typer.Context, name: str = typer.Argument(..., help="Operator name.")) -> None:
+    """Run the generated tests of generated/<name>/ (needs a CUDA GPU). Extra args go to pytest."""
+    with user_errors():
+        package = _package(name)
+        cmd = [sys.executable, "-m", "pytest", str(package), *ctx.args]
+        raise typer.Exit(subprocess.call(cmd))
+
+
+@app.command()
+def bench(name: str = typer.Argument(..., help="Operator name.")) -> None:
+    """Run the generated benchmark of generated/<name>/ (needs a CUDA GPU)."""
+    with user_errors():
+        _package(name)
+        raise typer.Exit(subprocess.call([sys.executable, "-m", f"generated.{name}.bench_{name}"]))
+
+
+def _package(name: str) -> Path:
+    package = Path("generated") / name
+    if not (package / "__init__.py").is_file():
+        raise OpgenError(f"generated/{name}/ does not exist; run `opgen build` first")
+    return package

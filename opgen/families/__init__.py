@@ -1,0 +1,14 @@
+"""Family registry: each family module exports Spec (its pydantic model), plan(spec, source),
+TEMPLATES (output file -> template) and DESCRIPTION."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from opgen.families import attention
+
+FAMILIES: dict[str, ModuleType] = {"attention": attention}
+
+
+def family_names() -> list[str]:
+    return sorted(FAMILIES)

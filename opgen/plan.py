@@ -1,0 +1,61 @@
+"""Plan pieces every family uses: kernels, compile jobs, shared-memory budget, header data.
+
+A plan holds every derived value the templates print. Templates make no decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# sm_90 (H100/H200): 227 KB of dynamic shared memory per block.
+SM90_SMEM_LIMIT = 227 * 1024
+
+TORCH_DTYPES = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float32": "torch.float32"}
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """One @tilelang.jit factory in kernels.py."""
+
+    factory: str  # function name in kernels.py
+    phase: str  # fwd | bwd_preprocess | bwd | bwd_postprocess | bwd_param
+    summary: str  # one line: what it computes
+    grid: str  # the launch grid, in the factory's argument names
+    tiling_name: str  # the constant in kernels.py holding its tiling keyword arguments
+    tiling: dict[str, int]
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    """One kernel instance the compile check builds: factory(*args)."""
+
+    factory: str
+    args: tuple
+    tiling: dict[str, int]
+    label: str
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """What the header of every generated file records."""
+
+    spec_path: str
+    spec_sha256: str
+    opgen_version: str
+
+    @property
+    def short_hash(self) -> str:
+        return self.spec_sha256[:16]
+
+
+@dataclass(frozen=True)
+class GradPlan:
+    """How one gradient is produced: by which reduction into which buffer."""
+
+    grad: str  # dq
+    input: str  # q
+    reduction: str  # direct | atomic | split
+    buffer_dtype: str  # float32 for atomic targets, else the input's dtype
+    alloc: str  # torch.zeros (atomic target) | torch.empty (written once per element)
+    note: str = field(default="")

@@ -1,0 +1,1 @@
+"""Jinja templates, one per generated file; shipped as package data."""
