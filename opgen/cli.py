@@ -127,13 +127,13 @@ def build(
         rows = {}
         for gen in generated:
             result = write(gen, Path.cwd())
-            rows[gen.spec_path] = [gen.spec_path, str(result.written), str(result.unchanged), "-",
-                                   f"{time.perf_counter() - started:.1f}"]
+            rows[gen.spec_path] = [gen.spec_path, str(result.written), str(result.unchanged), "-", "-"]
         failures = [] if no_compile else _compile(generated, rows, jobs)
-        table = Table("spec", "written", "unchanged", "kernels compiled", "seconds", box=None)
+        table = Table("spec", "written", "unchanged", "kernels compiled", "compile s", box=None)
         for row in rows.values():
             table.add_row(*row)
         out.print(table)
+        out.print(f"done in {time.perf_counter() - started:.1f} s")
         if failures:
             for f in failures:
                 err.print(f"{f.spec}: kernel {f.label}: compile failed:\n  "
@@ -162,7 +162,7 @@ def _compile(generated: list[Generated], rows: dict[str, list[str]], jobs: Optio
     for gen in generated:
         total = len(gen.plan.compile_jobs)
         rows[gen.spec_path][3] = f"{ok.get(gen.spec_path, 0)}/{total}"
-        rows[gen.spec_path][4] = f"{float(rows[gen.spec_path][4]) + seconds.get(gen.spec_path, 0):.1f}"
+        rows[gen.spec_path][4] = f"{seconds.get(gen.spec_path, 0):.1f}"
     return [r for r in results if not r.ok]
 
 

@@ -37,6 +37,7 @@ def _init_worker() -> None:
     import tilelang
 
     tilelang.disable_cache()  # a check compiles for real, every time
+    logging.getLogger("tilelang").setLevel(logging.WARNING)
     logging.getLogger("TileLang").setLevel(logging.WARNING)
 
 

@@ -31,7 +31,7 @@ _flex = torch.compile(flex_attention, dynamic=False)
 
 
 def to_bhsd(t):
-    """A [B, H, S, D] view of a tensor in LAYOUT (what SDPA and FlexAttention take)."""
+    """A [B, H, S, D] view of a tensor in LAYOUT (what SDPA and FlexAttention take), and back."""
     return t.transpose(1, 2) if LAYOUT == "bshd" else t
 
 
@@ -39,8 +39,10 @@ def candidates(seq_len, causal):
     def sdpa(backend):
         def run(q, k, v):
             with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(
-                    to_bhsd(q), to_bhsd(k), to_bhsd(v), is_causal=causal
+                return to_bhsd(
+                    torch.nn.functional.scaled_dot_product_attention(
+                        to_bhsd(q), to_bhsd(k), to_bhsd(v), is_causal=causal
+                    )
                 )
 
         return run
@@ -54,8 +56,8 @@ def candidates(seq_len, causal):
         "opgen attention": lambda q, k, v: attention(q, k, v, causal=causal, layout=LAYOUT),
         "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION),
         "SDPA flash": sdpa(SDPBackend.FLASH_ATTENTION),
-        "FlexAttention": lambda q, k, v: _flex(
-            to_bhsd(q), to_bhsd(k), to_bhsd(v), block_mask=block_mask
+        "FlexAttention": lambda q, k, v: to_bhsd(
+            _flex(to_bhsd(q), to_bhsd(k), to_bhsd(v), block_mask=block_mask)
         ),
     }
 

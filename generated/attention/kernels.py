@@ -3,7 +3,7 @@
 """TileLang kernels of `attention`: one @tilelang.jit factory per phase.
 
 Shapes, dtype, causal, layout and tiling are factory arguments, so one module serves every runtime
-shape; TileLang compiles and caches one kernel per argument set. Layouts: {"bhsd": "[batch, heads, seq_len, head_dim]", "bshd": "[batch, seq_len, heads, head_dim]"}.
+shape; TileLang compiles and caches one kernel per argument set. Tensors: [batch, seq_len, heads, head_dim] for layout 'bshd'; [batch, heads, seq_len, head_dim] for layout 'bhsd'.
 """
 
 import tilelang

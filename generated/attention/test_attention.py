@@ -140,6 +140,32 @@ def test_dq_atomics_accumulate(dtype, causal, layout):
 
 
 @requires_cuda
+def test_comparison_catches_broken_gradients():
+    """The checks above must fail on a swapped, doubled, zeroed or sign-flipped gradient."""
+    batch, heads, seq_len, head_dim = SHAPES[0].values
+    dtype, layout = DTYPES[0], LAYOUTS[0]
+    q, k, v, do = make_inputs(batch, heads, seq_len, head_dim, dtype, layout)
+    attention(q, k, v, layout=layout).backward(do)
+    got = dict(zip(("dQ", "dK", "dV"), grads_of((q, k, v))))
+    attention_reference(q, k, v, layout=layout).backward(do)
+    ref = dict(zip(("dQ", "dK", "dV"), grads_of((q, k, v))))
+    for name in got:
+        assert_close(name, got[name], ref[name], dtype)
+        other = next(n for n in got if n != name)
+        for broken, value in (
+            (f"swapped with {other}", got[other]),
+            ("doubled", 2 * got[name]),
+            ("zeroed", torch.zeros_like(got[name])),
+            ("sign-flipped", -got[name]),
+        ):
+            try:
+                assert_close(name, value, ref[name], dtype)
+            except AssertionError:
+                continue
+            pytest.fail(f"a {broken} {name} passed the comparison")
+
+
+@requires_cuda
 def test_rejects_bad_inputs_before_launch():
     batch, heads, seq_len, head_dim = SHAPES[0].values
     layout = LAYOUTS[0]
