@@ -79,33 +79,45 @@ def _generate_all(specs: list[Path]) -> list[Generated]:
     return generated
 
 
+def scaffolds() -> dict[str, tuple[str, dict]]:
+    """`opgen new` names -> (family, scaffold data)."""
+    return {name: (family, data) for family in family_names()
+            for name, data in FAMILIES[family].SCAFFOLDS.items()}
+
+
 @app.command("list")
 def list_families() -> None:
-    """List the operator families opgen can generate."""
+    """List the operator families and the scaffolds `opgen new` writes."""
     table = Table("family", "what it generates", box=None)
     for name in family_names():
         table.add_row(name, FAMILIES[name].DESCRIPTION)
+    out.print(table)
+    table = Table("scaffold (opgen new NAME)", "family", "what it is", box=None)
+    for name, (family, data) in sorted(scaffolds().items()):
+        table.add_row(name, family, data["title"])
     out.print(table)
 
 
 @app.command()
 def new(
-    family: str = typer.Argument(..., help="Family of the operator (see `opgen list`)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Operator name (default: the family)."),
+    scaffold: str = typer.Argument(..., help="Scaffold to start from (see `opgen list`)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Operator name (default: the scaffold's)."),
     out_path: Optional[Path] = typer.Option(None, "--out", help="Spec path (default: specs/<name>.toml)."),
 ) -> None:
     """Write a commented scaffold spec that builds as is."""
     with user_errors():
-        if family not in FAMILIES:
-            raise OpgenError(f"unknown family {family!r}; one of: {', '.join(family_names())}")
-        name = name or family
+        known = scaffolds()
+        if scaffold not in known:
+            raise OpgenError(f"unknown scaffold {scaffold!r}; one of: {', '.join(sorted(known))}")
+        family, preset = known[scaffold]
+        name = name or scaffold
         if not name.isidentifier() or name != name.lower() or name.startswith("__"):
             raise OpgenError(f"--name: must be a lower-case Python identifier (got {name!r})")
         target = out_path or Path("specs") / f"{name}.toml"
         if target.exists():
             raise OpgenError(f"{path_for_display(target)}: already exists; not overwriting it "
                              "(choose another --out or --name)")
-        text = environment().get_template(f"new/{family}.toml.jinja").render(name=name)
+        text = environment().get_template(f"new/{family}.toml.jinja").render(name=name, preset=preset)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
         shown = path_for_display(target)

@@ -24,6 +24,7 @@ class KernelPlan:
     grid: str  # the launch grid, in the factory's argument names
     tiling_name: str  # the constant in kernels.py holding its tiling keyword arguments
     tiling: dict[str, int]
+    out_idx: tuple[int, ...] | None  # outputs the kernel allocates and returns
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,35 @@ TEMPLATES = {
     "bench_{name}.py": "attention/bench_op.py.jinja",
 }
 
+# `opgen new <scaffold>`: the data each commented scaffold is rendered from.
+SCAFFOLDS = {
+    "attention": {
+        "title": "multi-head flash attention, forward and backward",
+        "layouts": ["bshd", "bhsd"], "causal": False, "gqa": False, "sinks": False,
+        "sliding_window": False, "dkv": "direct", "windows": [],
+        "shapes": [(2, 4, 4, 1000), (1, 3, 3, 77)],
+        "bench_dtype": "float16",
+        "bench": [(4, 16, 16, 4096, 128, False, None), (4, 16, 16, 4096, 128, True, None),
+                  (4, 16, 16, 4096, 64, False, None)],
+    },
+    "attention_sink": {
+        "title": "attention with learnable sinks, a sliding window and GQA (gpt-oss style)",
+        "layouts": ["bshd"], "causal": True, "gqa": True, "sinks": True,
+        "sliding_window": True, "dkv": "atomic", "windows": [16, 700],
+        "shapes": [(2, 4, 4, 1000), (1, 8, 2, 1000), (1, 8, 1, 333)],
+        "bench_dtype": "bfloat16",
+        "bench": [(2, 32, 8, 4096, 128, True, None), (2, 32, 8, 4096, 128, True, 1024)],
+    },
+    "gqa": {
+        "title": "grouped-query attention with deterministic (split) dK/dV",
+        "layouts": ["bshd"], "causal": True, "gqa": True, "sinks": False,
+        "sliding_window": False, "dkv": "split", "windows": [],
+        "shapes": [(2, 4, 4, 1000), (1, 8, 2, 1000), (1, 8, 1, 333)],
+        "bench_dtype": "bfloat16",
+        "bench": [(2, 32, 8, 4096, 128, True, None), (2, 32, 8, 4096, 128, False, None)],
+    },
+}
+
 Layout = Literal["bshd", "bhsd"]
 HeadDim = Annotated[int, Field(ge=16, le=256, multiple_of=16)]
 Keep = Literal["save", "recompute"]
@@ -59,6 +88,7 @@ DEFAULT_TILING = {
     "bwd": GemmTiling(block_m=128, block_n=32, threads=256, num_stages=2),
     "preprocess": RowTiling(block_m=32, threads=128),
     "postprocess": RowTiling(block_m=64, threads=128),
+    "dsinks": RowTiling(block_m=128, threads=128),
 }
 
 
@@ -66,22 +96,29 @@ class AttentionSection(StrictModel):
     layouts: tuple[Layout, ...] = ("bshd",)
     head_dims: tuple[HeadDim, ...] = (64, 128)
     causal: StrictBool = False  # default of the generated function's `causal` argument
+    # Grouped-query attention: k and v may have fewer heads than q (heads = groups * kv_heads).
+    gqa: StrictBool = False
+    # One learnable logit per query head that joins every row's softmax denominator (gpt-oss).
+    sinks: StrictBool = False
+    sinks_dtype: Literal["float32", "input"] = "float32"
+    # A `window` argument: query i sees keys i - window < j <= i (causal only).
+    sliding_window: StrictBool = False
 
 
-class ReductionDirect(StrictModel):
-    reduction: Literal["direct"] = "direct"
-
-
-class ReductionAtomic(StrictModel):
-    reduction: Literal["atomic"] = "atomic"
+class Reduction(StrictModel):
+    reduction: Literal["direct", "atomic", "split"]
 
 
 class AttentionGrads(StrictModel):
     # dQ gathers one contribution per KV block: fp32 atomics, then a cast (postprocess).
-    # dK/dV: each KV block owns its rows, so they are written directly (no reduction).
-    dq: ReductionAtomic = ReductionAtomic()
-    dk: ReductionDirect = ReductionDirect()
-    dv: ReductionDirect = ReductionDirect()
+    dq: Reduction = Reduction(reduction="atomic")
+    # dK/dV: with one query head per KV head each KV block owns its rows: written directly.
+    # With GQA the query heads of a group all add to them: fp32 atomics then a cast ("atomic"),
+    # or one partial per group summed afterwards ("split": deterministic). Seed 002 / PR #940.
+    dk: Reduction | None = None
+    dv: Reduction | None = None
+    # dsinks: per-row terms from lse and Delta, summed over batch and rows afterwards.
+    dsinks: Reduction | None = None
 
 
 class AttentionSaved(StrictModel):
@@ -96,6 +133,7 @@ class AttentionTiling(StrictModel):
     bwd: GemmTiling
     preprocess: RowTiling
     postprocess: RowTiling
+    dsinks: RowTiling  # used only with attention.sinks
 
     @model_validator(mode="before")
     @classmethod
@@ -106,6 +144,7 @@ class AttentionTiling(StrictModel):
 class AttentionTestShape(StrictModel):
     batch: PositiveInt
     heads: PositiveInt
+    kv_heads: PositiveInt | None = None  # default: heads
     seq_len: PositiveInt
 
 
@@ -114,6 +153,7 @@ class AttentionTest(StrictModel):
         AttentionTestShape(batch=2, heads=4, seq_len=1000),
         AttentionTestShape(batch=1, heads=3, seq_len=77),
     )
+    windows: tuple[PositiveInt, ...] = ()  # sliding windows to test (attention.sliding_window)
     tolerance: dict[Dtype, Tolerance] = {}
 
     def tolerance_for(self, dtype: str) -> Tolerance:
@@ -123,9 +163,11 @@ class AttentionTest(StrictModel):
 class AttentionBenchShape(StrictModel):
     batch: PositiveInt
     heads: PositiveInt
+    kv_heads: PositiveInt | None = None  # default: heads
     seq_len: PositiveInt
     head_dim: PositiveInt
     causal: StrictBool
+    window: PositiveInt | None = None
 
 
 class AttentionBench(StrictModel):
@@ -157,8 +199,75 @@ class Spec(SpecBase):
         return self
 
 
+def allowed_reductions(section: AttentionSection) -> dict[str, tuple[str, ...]]:
+    """The reductions each gradient supports, given the variant switches."""
+    allowed = {
+        "dq": ("atomic",),
+        "dk": ("atomic", "split") if section.gqa else ("direct",),
+        "dv": ("atomic", "split") if section.gqa else ("direct",),
+    }
+    if section.sinks:
+        allowed["dsinks"] = ("split",)
+    return allowed
+
+
+def reductions(spec: "Spec") -> dict[str, str]:
+    """Each gradient's reduction: the spec's choice, else the first allowed one."""
+    chosen = {}
+    for grad, choices in allowed_reductions(spec.attention).items():
+        given = getattr(spec.grads, grad)
+        chosen[grad] = given.reduction if given else choices[0]
+    return chosen
+
+
 def _problems(spec: Spec):
     section = spec.attention
+    allowed = allowed_reductions(section)
+    for grad in AttentionGrads.model_fields:
+        given = getattr(spec.grads, grad)
+        if given is None:
+            continue
+        if grad not in allowed:
+            yield f"grads.{grad}", "only exists with attention.sinks = true"
+        elif given.reduction not in allowed[grad]:
+            why = {
+                "dk": " (direct without attention.gqa; atomic or split with it)",
+                "dv": " (direct without attention.gqa; atomic or split with it)",
+            }.get(grad, "")
+            yield f"grads.{grad}.reduction", (
+                f"must be one of {', '.join(allowed[grad])}{why} (got {given.reduction!r})"
+            )
+    for i, shape in enumerate(spec.test.shapes):
+        kv_heads = shape.kv_heads or shape.heads
+        if shape.heads % kv_heads:
+            yield f"test.shapes.{i}.kv_heads", (
+                f"must divide heads ({shape.heads}) (got {kv_heads})"
+            )
+        elif kv_heads != shape.heads and not section.gqa:
+            yield f"test.shapes.{i}.kv_heads", (
+                f"must equal heads without attention.gqa = true (got {kv_heads})"
+            )
+    if section.sliding_window:
+        blocks = (spec.tiling.fwd.block_m, spec.tiling.fwd.block_n, spec.tiling.bwd.block_m,
+                  spec.tiling.bwd.block_n)
+        windows = spec.test.windows
+        if not windows or min(windows) >= min(blocks) or max(windows) <= max(blocks):
+            yield "test.windows", (
+                f"list a window smaller than {min(blocks)} and one larger than {max(blocks)} "
+                f"(the smallest and largest block) (got {list(windows)})"
+            )
+    elif spec.test.windows:
+        yield "test.windows", "only with attention.sliding_window = true"
+    for i, shape in enumerate(spec.bench.shapes):
+        kv_heads = shape.kv_heads or shape.heads
+        if shape.heads % kv_heads or (kv_heads != shape.heads and not section.gqa):
+            yield f"bench.shapes.{i}.kv_heads", (
+                f"must divide heads, and equal it without attention.gqa (got {kv_heads})"
+            )
+        if shape.window is not None and not (section.sliding_window and shape.causal):
+            yield f"bench.shapes.{i}.window", (
+                "needs attention.sliding_window = true and causal = true"
+            )
     if not section.layouts:
         yield "attention.layouts", "must list at least one of bshd, bhsd"
     if len(set(section.layouts)) != len(section.layouts):
@@ -219,12 +328,20 @@ def smem_bytes(phase: str, tiling: GemmTiling, dim: int) -> int:
 class TestCase:
     batch: int
     heads: int
+    kv_heads: int
     seq_len: int
     head_dim: int
 
     @property
     def id(self) -> str:
-        return f"b{self.batch}-h{self.heads}-s{self.seq_len}-d{self.head_dim}"
+        return f"b{self.batch}-h{self.heads}-kv{self.kv_heads}-s{self.seq_len}-d{self.head_dim}"
+
+
+@dataclass(frozen=True)
+class MaskCase:
+    id: str
+    causal: bool
+    window: int | None
 
 
 @dataclass(frozen=True)
@@ -236,18 +353,33 @@ class Plan:
     layouts: tuple[str, ...]
     default_layout: str
     layout_dims: dict[str, str]  # layout -> "[batch, seq_len, heads, head_dim]"
+    layout_doc: str
     dtypes: tuple[str, ...]
     torch_dtypes: tuple[str, ...]
     head_dims: tuple[int, ...]
     causal_default: bool
+    gqa: bool
+    sinks: bool
+    sinks_dtype_expr: str  # the dtype sinks must have, as code: torch.float32, or dtype (q's)
+    sliding_window: bool
+    tensor_inputs: tuple[str, ...]  # q, k, v (, sinks)
+    params: str  # the public function's parameters, with defaults
+    apply_args: str  # what the public function passes to Function.apply
+    grad_returns: str  # what Function.backward returns: one gradient (or None) per apply arg
+    call_kwargs: str  # how the generated tests pass causal (and window) and layout
+    grad_check_order: tuple[tuple[str, str], ...]  # (label, input) in the order tests assert them
     kernels: dict[str, KernelPlan]
     grads: tuple[GradPlan, ...]
+    dk_reduction: str  # kernel mode: atomic | split (split with one group writes directly)
+    dv_reduction: str
     saved: tuple[str, ...]  # tensors passed to ctx.save_for_backward
     recompute_forward: bool  # backward reruns the forward kernel for O and/or lse
     recomputed: tuple[str, ...]
     recompute_targets: tuple[str, ...]  # how backward unpacks the rerun forward's (O, lse)
-    layout_doc: str
     test_cases: tuple[TestCase, ...]
+    mask_cases: tuple[MaskCase, ...]
+    gqa_case: TestCase | None  # a grouped shape for the atomic-vs-split checks
+    atomic_case: TestCase  # the shape of the atomic double-run check (grouped if any)
     tolerances: dict[str, Tolerance]
     bench: AttentionBench
     compile_jobs: tuple[CompileJob, ...]
@@ -257,92 +389,173 @@ class Plan:
     def atomic_grads(self) -> tuple[GradPlan, ...]:
         return tuple(g for g in self.grads if g.reduction == "atomic")
 
-    def flops_fwd(self, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool) -> float:
-        """Two GEMMs of 2*S*S*D each per (batch, head); causal halves the work."""
-        flops = 4.0 * batch * heads * seq_len * seq_len * head_dim
-        return flops / 2 if causal else flops
+    @property
+    def split_grads(self) -> tuple[GradPlan, ...]:
+        return tuple(g for g in self.grads if g.reduction == "split")
+
+
+def visible_pairs(seq_len: int, causal: bool, window: int | None) -> int:
+    """(query, key) pairs that attention computes: the FLOP count is 4 * D per pair per head."""
+    if window:
+        w = min(window, seq_len)
+        return w * (w + 1) // 2 + (seq_len - w) * w
+    return seq_len * (seq_len + 1) // 2 if causal else seq_len * seq_len
+
+
+def flops_fwd(batch: int, heads: int, seq_len: int, head_dim: int, causal: bool,
+              window: int | None = None) -> int:
+    """Two GEMMs (Q K^T and P V) of 2 * D FLOPs per visible pair; bwd is 2.5x this."""
+    return 4 * batch * heads * head_dim * visible_pairs(seq_len, causal, window)
 
 
 def plan(spec: Spec, source: SourceInfo) -> Plan:
     t = spec.tiling
-    kernels = {
-        "fwd": KernelPlan(
-            factory=f"{spec.name}_fwd", phase="fwd",
-            summary="O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain)",
-            grid="(ceildiv(seq_len, block_m), heads, batch)", tiling_name="FWD_TILING",
-            tiling=t.fwd.model_dump(),
-        ),
-        "preprocess": KernelPlan(
-            factory=f"{spec.name}_bwd_preprocess", phase="bwd_preprocess",
-            summary="Delta = rowsum(O * dO)",
-            grid="(ceildiv(seq_len, block_m), heads, batch)", tiling_name="PREPROCESS_TILING",
-            tiling=t.preprocess.model_dump(),
-        ),
-        "bwd": KernelPlan(
-            factory=f"{spec.name}_bwd", phase="bwd",
-            summary="dK, dV written per KV block; dQ accumulated by fp32 atomics",
-            grid="(heads, ceildiv(seq_len, block_m), batch)", tiling_name="BWD_TILING",
-            tiling=t.bwd.model_dump(),
-        ),
-        "postprocess": KernelPlan(
-            factory=f"{spec.name}_bwd_postprocess", phase="bwd_postprocess",
-            summary="cast the fp32 dQ accumulator (fragment layout) to the input dtype",
-            grid="(ceildiv(seq_len, block_m), heads, batch)", tiling_name="POSTPROCESS_TILING",
-            tiling=t.postprocess.model_dump(),
-        ),
-    }
-    grads = (
-        GradPlan("dq", "q", "atomic", "float32", "torch.zeros",
-                 "fp32 atomics from every KV block, then the postprocess cast"),
-        GradPlan("dk", "k", "direct", "input", "torch.empty", "written once by its KV block"),
-        GradPlan("dv", "v", "direct", "input", "torch.empty", "written once by its KV block"),
-    )
-    recomputed = tuple(n for n in ("o", "lse") if getattr(spec.saved, n) == "recompute")
-    saved = ("q", "k", "v") + tuple(n for n in ("o", "lse") if n not in recomputed)
+    section = spec.attention
+    chosen = reductions(spec)
 
-    shapes = spec.test.shapes
+    def kernel(key, factory, phase, summary, grid, tiling, out_idx):
+        return KernelPlan(f"{spec.name}_{factory}", phase, summary, grid,
+                          f"{key.upper()}_TILING", tiling.model_dump(), out_idx)
+
+    sink_arg = 1 if section.sinks else 0
+    kernels = {
+        "fwd": kernel("fwd", "fwd", "fwd",
+                      "O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain)"
+                      + (", sinks in every row's denominator" if section.sinks else ""),
+                      "(ceildiv(seq_len, block_m), heads, batch)", t.fwd, (3 + sink_arg, 4 + sink_arg)),
+        "preprocess": kernel("preprocess", "bwd_preprocess", "bwd_preprocess", "Delta = rowsum(O * dO)",
+                             "(ceildiv(seq_len, block_m), heads, batch)", t.preprocess, (2,)),
+        "bwd": kernel("bwd", "bwd", "bwd",
+                      "dQ by fp32 atomics; dK, dV per query head, written, split or atomically added",
+                      "(heads, ceildiv(seq_len, block_m), batch)", t.bwd, None),
+        "postprocess": kernel("postprocess", "bwd_postprocess", "bwd_postprocess",
+                              "cast the fp32 dQ accumulator (fragment layout) to the input dtype",
+                              "(ceildiv(seq_len, block_m), heads, batch)", t.postprocess, (1,)),
+    }
+    if section.sinks:
+        kernels["dsinks"] = kernel("dsinks", "bwd_dsinks", "bwd_param",
+                                   "per-row dsinks terms -exp(sink - lse) * Delta (summed on the host)",
+                                   "(ceildiv(seq_len, block_m), heads, batch)", t.dsinks, (3,))
+
+    notes = {
+        "atomic": "fp32 atomics into a zeroed buffer, then a cast",
+        "split": "one partial per query group, summed afterwards (deterministic)",
+        "direct": "written once by its KV block",
+    }
+    grads = [
+        GradPlan("dq", "q", chosen["dq"], "float32", "torch.zeros",
+                 "fp32 atomics from every KV block, then the postprocess cast"),
+    ]
+    for grad, inp in (("dk", "k"), ("dv", "v")):
+        atomic = chosen[grad] == "atomic"
+        grads.append(GradPlan(grad, inp, chosen[grad], "float32" if atomic else "input",
+                              "torch.zeros" if atomic else "torch.empty", notes[chosen[grad]]))
+    if section.sinks:
+        grads.append(GradPlan("dsinks", "sinks", chosen["dsinks"], "float32", "torch.empty",
+                              "per-row terms written once, summed over batch and rows on the host"))
+
+    tensor_inputs = ("q", "k", "v", "sinks") if section.sinks else ("q", "k", "v")
+    # The Function always takes a window (None when the spec has no sliding window), so its
+    # backward has one fixed shape; the public function exposes only what the spec enables.
+    params = [*tensor_inputs, f"causal={section.causal}"]
+    if section.sliding_window:
+        params.append("window=None")
+    params.append(f'layout="{section.layouts[0]}"')
+    window_arg = "window" if section.sliding_window else "None"
+    grad_names = [g.grad for g in grads]
+
+    recomputed = tuple(n for n in ("o", "lse") if getattr(spec.saved, n) == "recompute")
+    saved = tensor_inputs + tuple(n for n in ("o", "lse") if n not in recomputed)
+
     test_cases = tuple(
-        TestCase(s.batch, s.heads, s.seq_len, d) for s, d in itertools.product(shapes, spec.attention.head_dims)
+        TestCase(s.batch, s.heads, s.kv_heads or s.heads, s.seq_len, d)
+        for s, d in itertools.product(spec.test.shapes, section.head_dims)
     )
-    compile_seq = shapes[0].seq_len
-    jobs = []
-    for layout, dtype, dim in itertools.product(spec.attention.layouts, spec.dtypes, spec.attention.head_dims):
-        common = (1, 1, compile_seq, dim)
-        tag = f"{layout} {dtype} d{dim}"
-        for causal in (False, True):
-            for key in ("fwd", "bwd"):
-                k = kernels[key]
-                jobs.append(CompileJob(k.factory, (*common, causal, layout, dtype), k.tiling,
-                                       f"{k.phase} {tag} causal={causal}"))
-        for key in ("preprocess", "postprocess"):
-            k = kernels[key]
-            jobs.append(CompileJob(k.factory, (*common, layout, dtype), k.tiling, f"{k.phase} {tag}"))
+    mask_cases = [MaskCase("full", False, None), MaskCase("causal", True, None)]
+    mask_cases += [MaskCase(f"causal-w{w}", True, w) for w in spec.test.windows]
+    gqa_case = next((c for c in test_cases if c.kv_heads != c.heads), None)
 
     return Plan(
         family="attention",
         name=spec.name,
         class_name="".join(part.capitalize() for part in spec.name.split("_")) + "Function",
         source=source,
-        layouts=spec.attention.layouts,
-        default_layout=spec.attention.layouts[0],
-        layout_dims={layout: LAYOUT_DIMS[layout] for layout in spec.attention.layouts},
+        layouts=section.layouts,
+        default_layout=section.layouts[0],
+        layout_dims={layout: LAYOUT_DIMS[layout] for layout in section.layouts},
+        layout_doc="; ".join(f"{LAYOUT_DIMS[layout]} for layout {layout!r}" for layout in section.layouts),
         dtypes=spec.dtypes,
         torch_dtypes=tuple(TORCH_DTYPES[d] for d in spec.dtypes),
-        head_dims=spec.attention.head_dims,
-        causal_default=spec.attention.causal,
+        head_dims=section.head_dims,
+        causal_default=section.causal,
+        gqa=section.gqa,
+        sinks=section.sinks,
+        sinks_dtype_expr="torch.float32" if section.sinks_dtype == "float32" else "dtype",
+        sliding_window=section.sliding_window,
+        tensor_inputs=tensor_inputs,
+        params=", ".join(params),
+        apply_args=", ".join([*tensor_inputs, "causal", window_arg, "layout"]),
+        grad_returns=", ".join([*grad_names, "None", "None", "None"]),
+        call_kwargs=", ".join(
+            ["causal=causal", *(["window=window"] if section.sliding_window else []), "layout=layout"]
+        ),
+        # Seed 000: dV and dK (direct or per-group) before dQ (atomics); extra parameters last.
+        grad_check_order=(("dV", "v"), ("dK", "k"), ("dQ", "q"))
+        + ((("dsinks", "sinks"),) if section.sinks else ()),
         kernels=kernels,
-        grads=grads,
+        grads=tuple(grads),
+        dk_reduction="atomic" if chosen["dk"] == "atomic" else "split",
+        dv_reduction="atomic" if chosen["dv"] == "atomic" else "split",
         saved=saved,
         recompute_forward=bool(recomputed),
         recomputed=recomputed,
         recompute_targets=tuple(n if n in recomputed else "_" for n in ("o", "lse")),
-        layout_doc="; ".join(f"{LAYOUT_DIMS[layout]} for layout {layout!r}" for layout in spec.attention.layouts),
         test_cases=test_cases,
+        mask_cases=tuple(mask_cases),
+        gqa_case=gqa_case,
+        atomic_case=gqa_case or test_cases[0],
         tolerances={d: spec.test.tolerance_for(d) for d in spec.dtypes},
         bench=spec.bench,
-        compile_jobs=tuple(jobs),
+        compile_jobs=_compile_jobs(spec, kernels, chosen, test_cases, mask_cases),
         smem={
-            phase: {d: smem_bytes(phase, getattr(t, phase), d) for d in spec.attention.head_dims}
+            phase: {d: smem_bytes(phase, getattr(t, phase), d) for d in section.head_dims}
             for phase in ("fwd", "bwd")
         },
     )
+
+
+def _compile_jobs(spec, kernels, chosen, test_cases, mask_cases) -> tuple[CompileJob, ...]:
+    """Every kernel variant the package launches: per layout, dtype and head dim, each mask mode,
+    and the bwd dK/dV modes (MHA shapes write directly; grouped shapes use the spec's reduction,
+    and the generated tests also run the other one)."""
+    section = spec.attention
+    seq = test_cases[0].seq_len
+    groups = sorted({c.heads // c.kv_heads for c in test_cases})
+    bwd_modes = [(1, "split", "split")]  # one group: a direct write
+    if section.gqa:
+        g = max(groups) if max(groups) > 1 else 2
+        dk = "atomic" if chosen["dk"] == "atomic" else "split"
+        dv = "atomic" if chosen["dv"] == "atomic" else "split"
+        bwd_modes += sorted({(g, dk, dv), (g, "atomic", "atomic"), (g, "split", "split")})
+    jobs = []
+    for layout, dtype, dim in itertools.product(section.layouts, spec.dtypes, section.head_dims):
+        tag = f"{layout} {dtype} d{dim}"
+        for mask in mask_cases:
+            window = mask.window or 0
+            k = kernels["fwd"]
+            jobs.append(CompileJob(k.factory, (1, 1, 1, seq, dim, mask.causal, window, layout, dtype),
+                                   k.tiling, f"fwd {tag} {mask.id}"))
+            k = kernels["bwd"]
+            for g, dk, dv in bwd_modes:
+                modes = "dk/dv direct" if g == 1 else f"groups={g} dk={dk} dv={dv}"
+                jobs.append(CompileJob(
+                    k.factory, (1, g, 1, seq, dim, mask.causal, window, layout, dtype, dk, dv),
+                    k.tiling, f"bwd {tag} {mask.id} {modes}"))
+        for key in ("preprocess", "postprocess"):
+            k = kernels[key]
+            jobs.append(CompileJob(k.factory, (1, 1, seq, dim, layout, dtype), k.tiling,
+                                   f"{k.phase} {tag}"))
+    if "dsinks" in kernels:
+        k = kernels["dsinks"]
+        jobs.append(CompileJob(k.factory, (1, 1, seq), k.tiling, "bwd_dsinks"))
+    return tuple(jobs)
