@@ -16,6 +16,7 @@ from .autograd import (
     DK_REDUCTION,
     DTYPE_NAMES,
     DV_REDUCTION,
+    TORCH_DTYPES,
     check_inputs,
     dims,
     run_backward,
@@ -150,11 +151,11 @@ def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduc
         )
     }
     for label, reduction in (("dK", dk_reduction), ("dV", dv_reduction)):
-        shape, _ = dkv_buffer(layout, reduction, batch, heads, kv_heads, seq_len, head_dim, name)
-        alloc = torch.zeros if reduction == "atomic" else torch.empty
-        buffers[label] = alloc(
-            shape, dtype=torch.float32 if reduction == "atomic" else q.dtype, device="cuda"
+        shape, buffer_dtype = dkv_buffer(
+            layout, reduction, batch, heads, kv_heads, seq_len, head_dim, name
         )
+        alloc = torch.zeros if reduction == "atomic" else torch.empty
+        buffers[label] = alloc(shape, dtype=TORCH_DTYPES[buffer_dtype], device="cuda")
     bwd = attention_bwd(
         batch,
         heads,
@@ -186,8 +187,8 @@ def test_atomics_accumulate(dtype, causal, window, layout):
     shape = ATOMIC_SHAPE
     inputs, do = make_inputs(*shape, dtype, layout)
     grouped = shape[1] != shape[2]
-    dk_reduction = DK_REDUCTION if grouped else "split"
-    dv_reduction = DV_REDUCTION if grouped else "split"
+    dk_reduction = DK_REDUCTION if grouped else "direct"
+    dv_reduction = DV_REDUCTION if grouped else "direct"
     buffers, launch = run_main_backward(
         inputs, do, causal, window, layout, dk_reduction, dv_reduction
     )

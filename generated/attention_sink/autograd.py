@@ -19,6 +19,7 @@ from .kernels import (
     dq_accum_seq_len,
 )
 
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 DTYPE_NAMES = {
     torch.float16: "float16",
     torch.bfloat16: "bfloat16",
@@ -156,7 +157,7 @@ def run_backward(
     groups = heads // kv_heads
     dtype = DTYPE_NAMES[q.dtype]
     if groups == 1:  # each KV head has one query head: dK/dV are written directly
-        dk_reduction = dv_reduction = "split"
+        dk_reduction = dv_reduction = "direct"
     # Autograd may hand a non-contiguous or differently typed gradient.
     do = do.contiguous().to(q.dtype)
 
@@ -166,21 +167,20 @@ def run_backward(
     delta = preprocess(o, do)
 
     def dkv_alloc(reduction):
-        # Atomic targets start at zero (fp32); split partials are each written once.
+        # Atomic targets start at zero; direct writes and split partials are written once each.
         shape, buffer_dtype = dkv_buffer(
             layout, reduction, batch, heads, kv_heads, seq_len, head_dim, dtype
         )
-        if reduction == "atomic":
-            return torch.zeros(shape, dtype=torch.float32, device=q.device)
-        return torch.empty(shape, dtype=q.dtype, device=q.device)
+        alloc = torch.zeros if reduction == "atomic" else torch.empty
+        return alloc(shape, dtype=TORCH_DTYPES[buffer_dtype], device=q.device)
 
     def dkv_finish(buffer, reduction):
-        if reduction == "atomic":
-            return buffer.to(q.dtype)
-        if groups == 1:
+        if reduction == "direct":
             return buffer
-        # Sum the per-group partials in fp32, in a fixed order: deterministic.
-        return buffer.view(groups, *k.shape).sum(0, dtype=torch.float32).to(q.dtype)
+        if reduction == "split":
+            # Sum the per-head fp32 partials in a fixed order: deterministic.
+            buffer = buffer.view(groups, *k.shape).sum(0)
+        return buffer.to(q.dtype)
 
     dq_accum = torch.zeros(
         shape_of(layout, batch, heads, dq_accum_seq_len(seq_len), head_dim),

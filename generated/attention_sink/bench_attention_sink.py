@@ -78,6 +78,7 @@ def candidates(seq_len, causal, window, grouped):
         scale = torch.sigmoid(lse - sinks[0].float().view(1, -1, 1)).unsqueeze(-1)
         return to_bhsd((out * scale).to(q.dtype))
 
+    layout = LAYOUT
     no_sdpa = "sinks" if HAS_SINKS else ("sliding window" if window else None)
     return {
         "opgen attention_sink": lambda *inputs: attention_sink(

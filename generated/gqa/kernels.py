@@ -61,13 +61,16 @@ def dq_accum_seq_len(seq_len):
 def dkv_buffer(layout, reduction, batch, heads, kv_heads, seq_len, dim, dtype):
     """Shape and dtype of the dK/dV buffer the bwd kernel writes for a reduction mode.
 
+    direct (one query head per KV head): dK/dV themselves, each element written once.
     atomic: fp32 [.., kv_heads, ..] that every query head of a group adds into (zeroed first).
-    split: one partial per query group, stacked along batch (groups * batch), summed afterwards;
-    with one group this is dK/dV itself, written directly.
+    split: one fp32 partial per query head of a group, stacked along batch (groups * batch),
+    summed afterwards in a fixed order (deterministic).
     """
+    if reduction == "direct":
+        return _shape(layout, batch, kv_heads, seq_len, dim), dtype
     if reduction == "atomic":
         return _shape(layout, batch, kv_heads, seq_len, dim), ACCUM
-    return _shape(layout, heads // kv_heads * batch, kv_heads, seq_len, dim), dtype
+    return _shape(layout, heads // kv_heads * batch, kv_heads, seq_len, dim), ACCUM
 
 
 def _dq_layout(layout, dQ):
@@ -138,7 +141,8 @@ def gqa_fwd(
                 T.min(T.ceildiv((bx + 1) * block_m, block_n), n_blocks) if causal else n_blocks
             )
             loop_start = T.max(T.floordiv(bx * block_m - window + 1, block_n), 0) if window else 0
-            for k in T.Pipelined(loop_start, loop_end, num_stages=num_stages):
+            for step in T.Pipelined(loop_end - loop_start, num_stages=num_stages):
+                k = loop_start + step
                 T.copy(rows(K, bz, by // groups, k * block_n, block_n), K_shared)
                 for i, j in T.Parallel(block_m, block_n):
                     acc_s[i, j] = T.if_then_else(
@@ -150,8 +154,11 @@ def gqa_fwd(
                 T.reduce_max(acc_s, row_max, dim=1, clear=False)
                 for i in T.Parallel(block_m):
                     row_max[i] = T.max(row_max[i], row_max_prev[i])
+                # (prev - max) * scale, not prev * scale - max * scale: for a row still at NEG_INIT
+                # the fused multiply-add of the latter leaves a rounding residual of ~1e22 whose
+                # exp2 is inf (NaN in O on the H200 at head_dim 64).
                 for i in T.Parallel(block_m):
-                    row_rescale[i] = T.exp2(row_max_prev[i] * scale - row_max[i] * scale)
+                    row_rescale[i] = T.exp2((row_max_prev[i] - row_max[i]) * scale)
                 for i, j in T.Parallel(block_m, dim):
                     acc_o[i, j] *= row_rescale[i]
                 for i, j in T.Parallel(block_m, block_n):
@@ -243,11 +250,11 @@ def gqa_bwd(
             for i, j in T.Parallel(block_m, dim):
                 if by * block_m + i < seq_len:
                     T.atomic_add(elem(out, bz, bx // groups, by * block_m + i, j), acc[i, j])
+        elif reduction == "split":
+            T.copy(acc, rows(out, (bx % groups) * batch + bz, bx // groups, by * block_m, block_m))
         else:
             T.copy(acc, staging)
-            T.copy(
-                staging, rows(out, (bx % groups) * batch + bz, bx // groups, by * block_m, block_m)
-            )
+            T.copy(staging, rows(out, bz, bx, by * block_m, block_m))
 
     @T.prim_func
     def bwd(
@@ -276,8 +283,8 @@ def gqa_bwd(
             dv = T.alloc_fragment([block_m, dim], ACCUM)
             dk = T.alloc_fragment([block_m, dim], ACCUM)
             dq = T.alloc_fragment([block_n, dim], ACCUM)
-            dv_shared = T.alloc_shared([block_m, dim], dv_dtype)
-            dk_shared = T.alloc_shared([block_m, dim], dk_dtype)
+            dv_shared = T.alloc_shared([block_m, dim], dtype)
+            dk_shared = T.alloc_shared([block_m, dim], dtype)
 
             T.annotate_layout({dQ: _dq_layout(layout, dQ)})
             T.copy(rows(K, bz, bx // groups, by * block_m, block_m), K_shared)
@@ -293,7 +300,8 @@ def gqa_bwd(
                 if window
                 else n_blocks
             )
-            for k in T.Pipelined(loop_start, loop_end, num_stages=num_stages):
+            for step in T.Pipelined(loop_end - loop_start, num_stages=num_stages):
+                k = loop_start + step
                 T.copy(rows(Q, bz, bx, k * block_n, block_n), q)
                 T.clear(qkT)
                 T.gemm(K_shared, q, qkT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)

@@ -370,7 +370,7 @@ class Plan:
     grad_check_order: tuple[tuple[str, str], ...]  # (label, input) in the order tests assert them
     kernels: dict[str, KernelPlan]
     grads: tuple[GradPlan, ...]
-    dk_reduction: str  # kernel mode: atomic | split (split with one group writes directly)
+    dk_reduction: str  # direct | atomic | split; a runtime shape with one group writes directly
     dv_reduction: str
     saved: tuple[str, ...]  # tensors passed to ctx.save_for_backward
     recompute_forward: bool  # backward reruns the forward kernel for O and/or lse
@@ -439,7 +439,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
 
     notes = {
         "atomic": "fp32 atomics into a zeroed buffer, then a cast",
-        "split": "one partial per query group, summed afterwards (deterministic)",
+        "split": "one fp32 partial per query head of a group, summed afterwards (deterministic)",
         "direct": "written once by its KV block",
     }
     grads = [
@@ -447,9 +447,10 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
                  "fp32 atomics from every KV block, then the postprocess cast"),
     ]
     for grad, inp in (("dk", "k"), ("dv", "v")):
-        atomic = chosen[grad] == "atomic"
-        grads.append(GradPlan(grad, inp, chosen[grad], "float32" if atomic else "input",
-                              "torch.zeros" if atomic else "torch.empty", notes[chosen[grad]]))
+        reduced = chosen[grad] != "direct"
+        grads.append(GradPlan(grad, inp, chosen[grad], "float32" if reduced else "input",
+                              "torch.zeros" if chosen[grad] == "atomic" else "torch.empty",
+                              notes[chosen[grad]]))
     if section.sinks:
         grads.append(GradPlan("dsinks", "sinks", chosen["dsinks"], "float32", "torch.empty",
                               "per-row terms written once, summed over batch and rows on the host"))
@@ -504,8 +505,8 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         + ((("dsinks", "sinks"),) if section.sinks else ()),
         kernels=kernels,
         grads=tuple(grads),
-        dk_reduction="atomic" if chosen["dk"] == "atomic" else "split",
-        dv_reduction="atomic" if chosen["dv"] == "atomic" else "split",
+        dk_reduction=chosen["dk"],
+        dv_reduction=chosen["dv"],
         saved=saved,
         recompute_forward=bool(recomputed),
         recomputed=recomputed,
@@ -531,12 +532,10 @@ def _compile_jobs(spec, kernels, chosen, test_cases, mask_cases) -> tuple[Compil
     section = spec.attention
     seq = test_cases[0].seq_len
     groups = sorted({c.heads // c.kv_heads for c in test_cases})
-    bwd_modes = [(1, "split", "split")]  # one group: a direct write
+    bwd_modes = [(1, "direct", "direct")]  # one query head per KV head
     if section.gqa:
         g = max(groups) if max(groups) > 1 else 2
-        dk = "atomic" if chosen["dk"] == "atomic" else "split"
-        dv = "atomic" if chosen["dv"] == "atomic" else "split"
-        bwd_modes += sorted({(g, dk, dv), (g, "atomic", "atomic"), (g, "split", "split")})
+        bwd_modes += sorted({(g, chosen["dk"], chosen["dv"]), (g, "atomic", "atomic"), (g, "split", "split")})
     jobs = []
     for layout, dtype, dim in itertools.product(section.layouts, spec.dtypes, section.head_dims):
         tag = f"{layout} {dtype} d{dim}"
@@ -547,7 +546,7 @@ def _compile_jobs(spec, kernels, chosen, test_cases, mask_cases) -> tuple[Compil
                                    k.tiling, f"fwd {tag} {mask.id}"))
             k = kernels["bwd"]
             for g, dk, dv in bwd_modes:
-                modes = "dk/dv direct" if g == 1 else f"groups={g} dk={dk} dv={dv}"
+                modes = f"groups={g} dk={dk} dv={dv}"
                 jobs.append(CompileJob(
                     k.factory, (1, g, 1, seq, dim, mask.causal, window, layout, dtype, dk, dv),
                     k.tiling, f"bwd {tag} {mask.id} {modes}"))
