@@ -558,3 +558,70 @@ def _compile_jobs(spec, kernels, chosen, test_cases, mask_cases) -> tuple[Compil
         k = kernels["dsinks"]
         jobs.append(CompileJob(k.factory, (1, 1, seq), k.tiling, "bwd_dsinks"))
     return tuple(jobs)
+
+
+EXPLAIN_SHAPE_KEYS = ("batch", "heads", "kv_heads", "seq_len", "head_dim", "causal", "window", "dtype")
+
+
+def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]:
+    """The plan for one runtime shape, as titled tables: kernels and grids, saved tensors and
+    their bytes, fp32 atomic targets, split reductions, FLOPs."""
+    b, h, s, d = shape["batch"], shape["heads"], shape["seq_len"], shape["head_dim"]
+    kv = shape.get("kv_heads") or h
+    causal, window = shape.get("causal", p.causal_default), shape.get("window")
+    dtype = shape.get("dtype", p.dtypes[0])
+    elem = DTYPE_BYTES[dtype]
+    groups = h // kv
+
+    def ceil(a, m):
+        return -(-a // m)
+
+    grids = {
+        "fwd": (ceil(s, p.kernels["fwd"].tiling["block_m"]), h, b),
+        "preprocess": (ceil(s, p.kernels["preprocess"].tiling["block_m"]), h, b),
+        "bwd": (h, ceil(s, p.kernels["bwd"].tiling["block_m"]), b),
+        "postprocess": (ceil(s, p.kernels["postprocess"].tiling["block_m"]), h, b),
+        "dsinks": (ceil(s, p.kernels["dsinks"].tiling["block_m"]) if p.sinks else 0, h, b),
+    }
+    kernels = [[k.factory, k.phase, f"{k.grid} = {grids[key]}",
+                ", ".join(f"{n}={v}" for n, v in k.tiling.items()), k.summary]
+               for key, k in p.kernels.items()]
+    sizes = {"q": b * h * s * d * elem, "k": b * kv * s * d * elem, "v": b * kv * s * d * elem,
+             "sinks": h * (4 if p.sinks_dtype_expr == "torch.float32" else elem),
+             "o": b * h * s * d * elem, "lse": b * h * s * 4}
+    saved = [[name, _bytes(sizes[name]), "saved"] for name in p.saved]
+    saved += [[name, _bytes(sizes[name]), "recomputed in backward (forward kernel rerun)"]
+              for name in p.recomputed]
+    saved.append(["total held between fwd and bwd", _bytes(sum(sizes[n] for n in p.saved)), ""])
+    reductions = []
+    for g in p.grads:
+        mode = g.reduction if groups > 1 or g.grad in ("dq", "dsinks") else "direct"
+        if g.grad == "dq":
+            size = b * h * ceil(s, 8) * 8 * d * 4
+        elif g.grad == "dsinks":
+            size = b * h * s * 4
+        else:
+            size = b * kv * s * d * {"atomic": 4, "split": 4 * groups, "direct": elem}[mode]
+        buffer = {"atomic": "fp32 atomic target (torch.zeros)", "split": "fp32 partials, summed after",
+                  "direct": "written once (torch.empty)"}[mode]
+        reductions.append([g.grad, mode, buffer, _bytes(size), g.note])
+    fwd = flops_fwd(b, h, s, d, causal, window)
+    flops = [["forward", f"{fwd / 1e12:.3f} TFLOP", "4 * B * H * D * visible (query, key) pairs"],
+             ["backward", f"{2.5 * fwd / 1e12:.3f} TFLOP", "2.5 x forward (5 GEMMs vs 2)"]]
+    title = (f"shape: batch={b} heads={h} kv_heads={kv} seq_len={s} head_dim={d} causal={causal} "
+             f"window={window} dtype={dtype} (groups={groups})")
+    return [
+        (title, []),
+        ("kernels", [["factory", "phase", "grid", "tiling", "computes"], *kernels]),
+        ("saved for backward", [["tensor", "bytes", ""], *saved]),
+        ("gradient reductions", [["grad", "reduction", "buffer", "bytes", "why"], *reductions]),
+        ("FLOPs (what the benchmark divides by)", [["pass", "FLOPs", "count"], *flops]),
+    ]
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
