@@ -18,25 +18,30 @@ from opgen import __version__
 from opgen.errors import CheckFailed, OpgenError, SpecError
 from opgen.families import FAMILIES, family_names
 from opgen.render import Generated, environment, generate
-from opgen.spec import path_for_display
+from opgen.spec import check_identifier, path_for_display
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 # Wide tables when piped (CI logs, docs); the terminal's width otherwise.
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+# Wide tables when piped (CI logs, docs); messages never wrapped (one problem, one line).
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 160)
 _state = {"debug": False}
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"opgen {__version__}")
+        raise typer.Exit(0)
 
 
 @app.callback()
 def _main(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
-    version: bool = typer.Option(False, "--version", help="Print the version and exit."),
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
 ) -> None:
     """opgen: generate differentiable TileLang operators from TOML specs."""
     _state["debug"] = debug
-    if version:
-        out.print(f"opgen {__version__}")
-        raise typer.Exit(0)
 
 
 @contextlib.contextmanager
@@ -53,7 +58,11 @@ def user_errors() -> Iterator[None]:
 
 def _spec_paths(specs: list[Path]) -> list[Path]:
     if specs:
-        return specs
+        # The same file named twice (a glob and a path) is built once.
+        unique: dict[Path, Path] = {}
+        for path in specs:
+            unique.setdefault(path.resolve(), path)
+        return list(unique.values())
     found = sorted(Path("specs").glob("*.toml"))
     if not found:
         raise OpgenError("no spec given and none found in specs/*.toml; try `opgen new attention`")
@@ -111,9 +120,11 @@ def new(
         if scaffold not in known:
             raise OpgenError(f"unknown scaffold {scaffold!r}; one of: {', '.join(sorted(known))}")
         family, preset = known[scaffold]
-        name = name or scaffold
-        if not name.isidentifier() or name != name.lower() or name.startswith("__"):
-            raise OpgenError(f"--name: must be a lower-case Python identifier (got {name!r})")
+        name = scaffold if name is None else name
+        try:
+            check_identifier(name)
+        except ValueError as exc:
+            raise OpgenError(f"--name: {exc} (got {name!r})") from None
         target = out_path or Path("specs") / f"{name}.toml"
         if target.exists():
             raise OpgenError(f"{path_for_display(target)}: already exists; not overwriting it "
@@ -197,7 +208,7 @@ def check(specs: list[Path] = typer.Argument(None, help="Spec files (default: sp
             # Checking the whole project: a package whose spec is gone is extra too.
             known = {gen.name for gen in generated}
             for orphan in sorted(Path("generated").glob("*/opgen-manifest.json")):
-                if orphan.parent.name not in known:
+                if orphan.parent.name not in known and not orphan.parent.name.startswith("."):
                     problems.append(f"generated/{orphan.parent.name}/: extra (no spec in specs/ "
                                     "builds it; delete it or restore its spec)")
         if problems:
@@ -252,7 +263,10 @@ def _parse_shape(text: str, keys: tuple[str, ...]) -> dict:
         if key == "dtype":
             values[key] = raw.strip()
         elif key == "causal":
-            values[key] = raw.strip().lower() in ("1", "true", "yes")
+            flag = raw.strip().lower()
+            if flag not in ("0", "1", "true", "false"):
+                raise OpgenError(f"--shape: causal must be 0, 1, true or false (got {raw!r})")
+            values[key] = flag in ("1", "true")
         else:
             try:
                 values[key] = int(raw)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from opgen.errors import SpecError
+
 # sm_90 (H100/H200): 227 KB of dynamic shared memory per block.
 SM90_SMEM_LIMIT = 227 * 1024
 
@@ -60,3 +62,28 @@ class GradPlan:
     buffer_dtype: str  # float32 for atomic targets, else the input's dtype
     alloc: str  # torch.zeros (atomic target) | torch.empty (written once per element)
     note: str = field(default="")
+
+
+def require_every_gradient_checked(
+    spec_path: str, differentiable: tuple[str, ...], checked: tuple[str, ...]
+) -> None:
+    """Refuse a plan whose generated test would leave a differentiable input unasserted.
+
+    Families list the inputs that get a gradient and, separately, the inputs the generated test
+    asserts; a variant that adds one without the other is caught here, at build time.
+    """
+    missing = [name for name in differentiable if name not in checked]
+    if missing:
+        raise SpecError(spec_path, [("grads", (
+            f"the generated test would not check the gradient of {', '.join(missing)}; every "
+            "differentiable input needs its own assertion"
+        ))])
+
+
+def format_bytes(n: float) -> str:
+    """A byte count for people: 512 B, 1.5 KiB, 64.0 MiB, 2.0 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

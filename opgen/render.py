@@ -51,7 +51,11 @@ def environment() -> jinja2.Environment:
 def load_plan(path: Path) -> Any:
     source = read_spec(path)
     family = source.data.get("family")
-    if family not in FAMILIES:
+    if family is None:
+        raise SpecError(source.path, [(
+            "family", f"required key is missing; one of {', '.join(family_names())}",
+        )])
+    if not isinstance(family, str) or family not in FAMILIES:
         raise SpecError(source.path, [(
             "family", f"must be one of {', '.join(family_names())} (got {family!r})",
         )])

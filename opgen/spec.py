@@ -35,7 +35,7 @@ def _power_of_two(minimum: int):
     return AfterValidator(check)
 
 
-def _identifier(value: str) -> str:
+def check_identifier(value: str) -> str:
     # The name becomes a directory, a module and a function: no paths, no code, no dunders.
     if not value.isidentifier() or not value.isascii():
         raise ValueError("must be a Python identifier (letters, digits, underscores)")
@@ -46,7 +46,7 @@ def _identifier(value: str) -> str:
     return value
 
 
-Identifier = Annotated[str, AfterValidator(_identifier)]
+Identifier = Annotated[str, AfterValidator(check_identifier)]
 Block = Annotated[int, _power_of_two(16)]
 Threads = Annotated[int, Field(ge=32, le=1024, multiple_of=32)]
 Stages = Annotated[int, Field(ge=0, le=4)]

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, model_validator
 
+from opgen.errors import OpgenError
 from opgen.plan import (
     DTYPE_BYTES,
     SM90_SMEM_LIMIT,
@@ -21,6 +22,7 @@ from opgen.plan import (
     GradPlan,
     KernelPlan,
     SourceInfo,
+    require_every_gradient_checked,
 )
 from opgen.spec import (
     DEFAULT_TOLERANCES,
@@ -34,7 +36,10 @@ from opgen.spec import (
     merge_defaults,
 )
 
-DESCRIPTION = "flash attention (MHA): fwd, Delta preprocess, bwd (dQ by fp32 atomics), dQ cast"
+DESCRIPTION = (
+    "flash attention: MHA, GQA/MQA (dK/dV atomic or split), learnable sinks, sliding window; "
+    "fwd, Delta preprocess, bwd, dQ cast, dsinks"
+)
 
 # Templates per output file; "{name}" is the spec's name.
 TEMPLATES = {
@@ -106,7 +111,8 @@ class AttentionSection(StrictModel):
 
 
 class Reduction(StrictModel):
-    reduction: Literal["direct", "atomic", "split"]
+    # The choices depend on the gradient and the variant: checked in _problems().
+    reduction: str
 
 
 class AttentionGrads(StrictModel):
@@ -247,6 +253,13 @@ def _problems(spec: Spec):
             yield f"test.shapes.{i}.kv_heads", (
                 f"must equal heads without attention.gqa = true (got {kv_heads})"
             )
+    if section.gqa and spec.test.shapes and all(
+        (s.kv_heads or s.heads) == s.heads for s in spec.test.shapes
+    ):
+        yield "test.shapes", (
+            "with attention.gqa = true, add a shape with kv_heads < heads: the grouped dK/dV "
+            "reductions are tested only on one"
+        )
     if section.sliding_window:
         blocks = (spec.tiling.fwd.block_m, spec.tiling.fwd.block_n, spec.tiling.bwd.block_m,
                   spec.tiling.bwd.block_n)
@@ -309,19 +322,26 @@ def _problems(spec: Spec):
 
 
 def smem_bytes(phase: str, tiling: GemmTiling, dim: int) -> int:
-    """Shared memory of the fwd/bwd kernel, as TileLang lays it out (16-bit operands).
+    """Shared memory of the fwd/bwd kernel (16-bit operands): an upper bound of what TileLang
+    allocates, the compile check reads the real number.
 
-    Pipelined tiles are held once per stage; in bwd the dK/dV staging buffers reuse the loop's
-    space after the loop, so the larger of the two counts.
+    Pipelined tiles are held once per stage; every buffer is counted rounded up to 1 KiB (TileLang
+    aligns TMA and swizzled buffers; small lse/Delta vectors grow when seq_len is block-aligned);
+    in bwd the dK/dV staging buffers reuse the loop's space after the loop.
     """
     elem = DTYPE_BYTES["float16"]
     stages = max(1, tiling.num_stages)
     m, n = tiling.block_m, tiling.block_n
     if phase == "fwd":
-        return elem * (m * dim + 2 * stages * n * dim)
-    loop = elem * (2 * m * dim + 2 * stages * n * dim + m * n) + 2 * stages * n * 4
-    epilogue = elem * 2 * m * dim
+        return _kib(elem * m * dim) + 2 * _kib(elem * stages * n * dim)
+    loop = (2 * _kib(elem * m * dim) + 2 * _kib(elem * stages * n * dim) + _kib(elem * m * n)
+            + 2 * _kib(4 * stages * n))
+    epilogue = 2 * _kib(elem * m * dim)
     return max(loop, epilogue)
+
+
+def _kib(nbytes: int) -> int:
+    return -(-nbytes // 1024) * 1024
 
 
 @dataclass(frozen=True)
@@ -476,6 +496,14 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     mask_cases += [MaskCase(f"causal-w{w}", True, w) for w in spec.test.windows]
     gqa_case = next((c for c in test_cases if c.kv_heads != c.heads), None)
 
+    # Seed 000: dV and dK (direct or per-group) before dQ (atomics); extra parameters last.
+    grad_check_order = (("dV", "v"), ("dK", "k"), ("dQ", "q")) + (
+        (("dsinks", "sinks"),) if section.sinks else ()
+    )
+    require_every_gradient_checked(
+        source.spec_path, tuple(g.input for g in grads), tuple(i for _, i in grad_check_order)
+    )
+
     return Plan(
         family="attention",
         name=spec.name,
@@ -500,9 +528,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         call_kwargs=", ".join(
             ["causal=causal", *(["window=window"] if section.sliding_window else []), "layout=layout"]
         ),
-        # Seed 000: dV and dK (direct or per-group) before dQ (atomics); extra parameters last.
-        grad_check_order=(("dV", "v"), ("dK", "k"), ("dQ", "q"))
-        + ((("dsinks", "sinks"),) if section.sinks else ()),
+        grad_check_order=grad_check_order,
         kernels=kernels,
         grads=tuple(grads),
         dk_reduction=chosen["dk"],
@@ -570,6 +596,7 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]
     kv = shape.get("kv_heads") or h
     causal, window = shape.get("causal", p.causal_default), shape.get("window")
     dtype = shape.get("dtype", p.dtypes[0])
+    _check_shape(p, b, h, kv, s, d, causal, window, dtype)
     elem = DTYPE_BYTES[dtype]
     groups = h // kv
 
@@ -617,6 +644,24 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]
         ("gradient reductions", [["grad", "reduction", "buffer", "bytes", "why"], *reductions]),
         ("FLOPs (what the benchmark divides by)", [["pass", "FLOPs", "count"], *flops]),
     ]
+
+
+def _check_shape(p: Plan, b, h, kv, s, d, causal, window, dtype) -> None:
+    """What the generated op's input checks would reject, as an explain error."""
+    problems = []
+    if min(b, h, kv, s) < 1:
+        problems.append("batch, heads, kv_heads and seq_len must be >= 1")
+    elif h % kv or (kv != h and not p.gqa):
+        problems.append(f"kv_heads ({kv}) must divide heads ({h})"
+                        + ("" if p.gqa else " and equal it: the spec has no attention.gqa"))
+    if d not in p.head_dims:
+        problems.append(f"head_dim must be one of {list(p.head_dims)} (got {d})")
+    if dtype not in p.dtypes:
+        problems.append(f"dtype must be one of {', '.join(p.dtypes)} (got {dtype!r})")
+    if window is not None and not (p.sliding_window and causal and window >= 1):
+        problems.append("window needs attention.sliding_window = true, causal=1 and window >= 1")
+    if problems:
+        raise OpgenError("--shape: " + "; ".join(problems))
 
 
 def _bytes(n: int) -> str:

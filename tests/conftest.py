@@ -1,0 +1,124 @@
+"""Shared fixtures for opgen's own tests (CPU only).
+
+opgen shows paths relative to the working directory and the CLI reads specs/ and writes generated/
+relative to it, so every test that renders or runs the CLI first chdirs: to the repository root
+(`repo_root`) or to an empty temporary project (`project`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TESTS_DIR = REPO_ROOT / "tests"
+
+# Golden trees are generated packages (with their own test_*.py); they are data here, not tests.
+collect_ignore_glob = ["golden/*"]
+
+# Rich wraps console output at the terminal's width when there is one: a wide, colourless console
+# keeps test output independent of the terminal that runs the tests. (Without a terminal opgen
+# fixes the width itself; see test_invalid_specs.py::test_errors_are_not_wrapped.)
+CLI_ENV = {"COLUMNS": "1000", "NO_COLOR": "1"}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="rewrite the golden trees (tests/golden/, generated/ of the shipped specs) and "
+        "tests/invalid_specs/*.expected from opgen's current output",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "compile: runs the real TileLang lowering and nvcc for sm_90a on the CPU (slow; "
+        "deselect with -m 'not compile')",
+    )
+    # test_compile.py shares one expensive module fixture (a process pool of real compiles); its
+    # tests carry xdist_group("compile") so that `-n N` runs them on one worker, not the fixture
+    # on every worker. "loadgroup" distributes every other test exactly like xdist's "load".
+    if getattr(config.option, "dist", None) == "load":
+        config.option.dist = "loadgroup"
+    # A worker reads the mode before conftests load; the controller passes it on (below).
+    if getattr(config, "workerinput", {}).get("opgen_loadgroup"):
+        config.option.loadgroup = True
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent without pytest-xdist
+def pytest_configure_node(node) -> None:
+    node.workerinput["opgen_loadgroup"] = node.config.getoption("dist") == "loadgroup"
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture
+def repo_root(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run the test with the repository root as working directory (shipped specs, golden paths)."""
+    monkeypatch.chdir(REPO_ROOT)
+    return REPO_ROOT
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run the test inside an empty project directory: specs/ and generated/ resolve there."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def cli():
+    """Invoke the `opgen` Typer app in process; returns click's Result (stdout/stderr apart)."""
+    from opgen.cli import app
+
+    runner = CliRunner(env=CLI_ENV)
+
+    def invoke(*args: str, catch_exceptions: bool = True):
+        return runner.invoke(app, [str(a) for a in args], catch_exceptions=catch_exceptions)
+
+    return invoke
+
+
+def _opgen_command() -> list[str]:
+    """The installed console script (beside this interpreter first: no pyenv shim), or the
+    same entry point run by this interpreter."""
+    beside = Path(sys.executable).with_name("opgen")
+    exe = str(beside) if beside.is_file() else shutil.which("opgen")
+    if exe:
+        return [exe]
+    return [sys.executable, "-c", "from opgen.cli import app; app()"]
+
+
+@pytest.fixture
+def run_opgen():
+    """Run `opgen` as a user does: its own process and cwd, stdin closed, output captured.
+
+    wide=False leaves the console width to Rich (no COLUMNS), as in a CI log or a pipe.
+    """
+
+    def run(*args: str, cwd: Path, wide: bool = True) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k not in {"COLUMNS", "LINES"}}
+        env.update(CLI_ENV if wide else {"NO_COLOR": "1"})
+        return subprocess.run(
+            [*_opgen_command(), *map(str, args)],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    return run

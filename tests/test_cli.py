@@ -1,0 +1,435 @@
+"""The `opgen` command end to end, in an empty temporary project (the test's working directory)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import CLI_ENV, REPO_ROOT
+
+PACKAGE_FILES = [
+    "__init__.py",
+    "autograd.py",
+    "bench_{name}.py",
+    "kernels.py",
+    "opgen-manifest.json",
+    "reference.py",
+    "test_{name}.py",
+]
+
+
+def package_files(name: str) -> list[str]:
+    return sorted(f.format(name=name) for f in PACKAGE_FILES)
+
+
+def tree(directory: Path) -> list[str]:
+    return sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+
+
+def mtimes(directory: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in directory.iterdir()}
+
+
+def build_row(stdout: str, spec: str) -> list[str]:
+    """The summary table's row of one spec: spec, written, unchanged, compiled, seconds."""
+    rows = [line.split() for line in stdout.splitlines() if line.split()[:1] == [spec]]
+    assert len(rows) == 1, stdout
+    return rows[0]
+
+
+@pytest.fixture(scope="module")
+def foo_built(tmp_path_factory) -> Path:
+    """specs/foo.toml (the scaffold) and generated/foo/, built once for the module."""
+    from opgen.cli import app
+
+    root = tmp_path_factory.mktemp("foo_built")
+    runner = CliRunner(env=CLI_ENV)
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        assert runner.invoke(app, ["new", "attention", "--name", "foo"]).exit_code == 0
+        result = runner.invoke(app, ["build", "--no-compile"])
+        assert result.exit_code == 0, result.output
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+@pytest.fixture
+def foo(project, foo_built):
+    """A fresh copy of the built foo project as the working directory."""
+    for part in ("specs", "generated"):
+        shutil.copytree(foo_built / part, project / part)
+    return project
+
+
+def check(cli, *args):
+    return cli("check", *args)
+
+
+# --- list, version --------------------------------------------------------------------------------
+
+
+def test_list(project, cli):
+    result = cli("list")
+    assert result.exit_code == 0
+    assert "attention" in result.stdout.split()
+    assert "flash attention" in result.stdout
+
+
+def test_version(cli):
+    from opgen import __version__
+
+    result = cli("--version")
+    assert result.exit_code == 0
+    assert result.stdout == f"opgen {__version__}\n"
+
+
+# --- new ------------------------------------------------------------------------------------------
+
+
+def test_new_writes_the_scaffold(project, cli):
+    result = cli("new", "attention")
+    assert result.exit_code == 0, result.output
+    assert "wrote specs/attention.toml" in result.stdout
+    assert tree(project) == ["specs/attention.toml"]
+
+
+SHIPPED = sorted(p.stem for p in (REPO_ROOT / "specs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_new_scaffold_is_the_shipped_spec(project, cli, name):
+    """The shipped specs are the scaffolds, unedited: `opgen new NAME` writes them byte for byte."""
+    result = cli("new", name)
+    assert result.exit_code == 0, result.output
+    assert (project / f"specs/{name}.toml").read_bytes() == (
+        REPO_ROOT / f"specs/{name}.toml"
+    ).read_bytes()
+
+
+def test_list_shows_the_scaffolds(project, cli):
+    result = cli("list")
+    assert result.exit_code == 0
+    words = result.stdout.split()
+    assert all(name in words for name in SHIPPED)
+
+
+def test_new_does_not_overwrite(project, cli):
+    assert cli("new", "attention").exit_code == 0
+    spec = project / "specs/attention.toml"
+    spec.write_text(spec.read_text() + "# my edit\n")
+    before = (spec.read_bytes(), spec.stat().st_mtime_ns)
+    result = cli("new", "attention")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("specs/attention.toml: already exists; not overwriting it")
+    assert (spec.read_bytes(), spec.stat().st_mtime_ns) == before
+
+
+def test_new_with_name_and_out(project, cli):
+    result = cli("new", "attention", "--name", "foo", "--out", "specs/foo.toml")
+    assert result.exit_code == 0, result.output
+    text = (project / "specs/foo.toml").read_text()
+    assert 'name = "foo"' in text
+    assert "generated/foo/" in text and "generated/attention" not in text
+    assert tree(project) == ["specs/foo.toml"]
+
+
+def test_new_name_sets_the_default_path(project, cli):
+    assert cli("new", "attention", "--name", "bar").exit_code == 0
+    assert tree(project) == ["specs/bar.toml"]
+
+
+def test_new_out_elsewhere(project, cli):
+    result = cli("new", "attention", "--name", "baz", "--out", "ops/baz.toml")
+    assert result.exit_code == 0, result.output
+    assert "wrote ops/baz.toml" in result.stdout
+    assert tree(project) == ["ops/baz.toml"]
+
+
+@pytest.mark.parametrize("name", ["My-Op", "my-op", "Foo", "__foo", "../evil", "2x", "a b"])
+def test_new_bad_name(project, cli, name):
+    result = cli("new", "attention", "--name", name)
+    assert result.exit_code == 2, result.output
+    assert "--name" in result.stderr
+    assert tree(project) == []
+
+
+@pytest.mark.parametrize("name", ["class", "caf\u00e9", ""])
+def test_new_rejects_every_name_the_spec_rejects(project, cli, name):
+    result = cli("new", "attention", "--name", name)
+    assert result.exit_code == 2, result.output
+    assert tree(project) == []
+
+
+def test_new_unknown_scaffold(project, cli):
+    result = cli("new", "matmul")
+    assert result.exit_code == 2
+    assert "'matmul'" in result.stderr and "attention" in result.stderr
+    assert tree(project) == []
+
+
+# --- build ----------------------------------------------------------------------------------------
+
+
+def test_build_writes_the_packages(project, cli):
+    assert cli("new", "attention", "--name", "foo").exit_code == 0
+    assert cli("new", "attention", "--name", "bar").exit_code == 0
+    specs = sorted(str(p) for p in Path("specs").glob("*.toml"))
+    result = cli("build", "--no-compile", *specs)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (project / "generated").iterdir()) == ["bar", "foo"]
+    for name in ("foo", "bar"):
+        assert tree(project / "generated" / name) == package_files(name)
+        assert build_row(result.stdout, f"specs/{name}.toml") == [
+            f"specs/{name}.toml",
+            "7",
+            "0",
+            "-",
+            "-",
+        ]
+    assert result.stderr == ""
+
+
+def test_build_twice_changes_nothing(foo, cli):
+    package = foo / "generated/foo"
+    before = mtimes(package)
+    contents = {p.name: p.read_bytes() for p in package.iterdir()}
+    result = cli("build", "--no-compile", "specs/foo.toml")
+    assert result.exit_code == 0, result.output
+    assert build_row(result.stdout, "specs/foo.toml") == ["specs/foo.toml", "0", "7", "-", "-"]
+    assert mtimes(package) == before
+    assert {p.name: p.read_bytes() for p in package.iterdir()} == contents
+    assert sorted(p.name for p in (foo / "generated").iterdir()) == ["foo"], "no staging dirs left"
+
+
+def test_rebuild_writes_only_what_changed(foo, cli):
+    package = foo / "generated/foo"
+    (package / "reference.py").write_text("# clobbered\n")
+    before = mtimes(package)
+    result = cli("build", "--no-compile")
+    assert result.exit_code == 0, result.output
+    assert build_row(result.stdout, "specs/foo.toml") == ["specs/foo.toml", "1", "6", "-", "-"]
+    after = mtimes(package)
+    assert sorted(name for name in after if after[name] != before[name]) == ["reference.py"]
+    assert sorted(p.name for p in (foo / "generated").iterdir()) == ["foo"], "no staging dirs left"
+
+
+def test_spec_change_rewrites_every_header(foo, cli):
+    """The spec hash is in every file's header: a spec edit rewrites the whole package."""
+    edit_fwd_block_n(foo / "specs/foo.toml")
+    result = cli("build", "--no-compile")
+    assert result.exit_code == 0, result.output
+    assert build_row(result.stdout, "specs/foo.toml") == ["specs/foo.toml", "7", "0", "-", "-"]
+    kernels = (foo / "generated/foo/kernels.py").read_text()
+    assert re.search(r'^FWD_TILING = \{[^}]*"block_n": 32\b', kernels, re.MULTILINE)
+
+
+def test_build_of_a_bad_spec_leaves_generated_alone(foo, cli):
+    package = foo / "generated/foo"
+    before = mtimes(package)
+    (foo / "specs/foo.toml").write_text('name = "foo"\nfamily = "attention"\ncolour = 1\n')
+    result = cli("build", "--no-compile")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("specs/foo.toml: colour: unknown key")
+    assert mtimes(package) == before
+
+
+def test_build_the_same_spec_named_twice(foo, cli):
+    result = cli("build", "--no-compile", "specs/foo.toml", "./specs/foo.toml")
+    assert result.exit_code == 0, result.output
+
+
+def test_build_without_specs(project, cli):
+    result = cli("build", "--no-compile")
+    assert result.exit_code == 2
+    assert "no spec given and none found in specs/*.toml" in result.stderr
+
+
+# --- check ----------------------------------------------------------------------------------------
+
+
+def edit_fwd_block_n(spec: Path) -> None:
+    text = spec.read_text()
+    fwd = text.index("[tiling.fwd]")
+    at = text.index("block_n = 64", fwd)
+    assert at < text.index("[tiling.bwd]")
+    spec.write_text(text[:at] + "block_n = 32" + text[at + len("block_n = 64") :])
+
+
+def test_check_in_sync(foo, cli):
+    result = check(cli)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "generated/ matches 1 spec(s)\n"
+    assert check(cli, "specs/foo.toml").exit_code == 0
+
+
+def test_check_ignores_bytecode(foo, cli):
+    cache = foo / "generated/foo/__pycache__"
+    cache.mkdir()
+    (cache / "kernels.cpython-311.pyc").write_bytes(b"\0")
+    assert check(cli).exit_code == 0
+
+
+def test_check_stale_after_spec_edit(foo, cli):
+    edit_fwd_block_n(foo / "specs/foo.toml")
+    result = check(cli)
+    assert result.exit_code == 1
+    assert "generated/foo/kernels.py: stale" in result.stdout
+    assert "generated/foo/opgen-manifest.json: stale" in result.stdout
+    assert "hand-edited" not in result.stdout
+    assert "-    block_n=64" in result.stdout or "block_n" in result.stdout, "shows the diff"
+    assert "out of step" in result.stderr
+    assert cli("build", "--no-compile").exit_code == 0
+    assert check(cli).exit_code == 0
+
+
+def test_check_hand_edited(foo, cli):
+    kernels = foo / "generated/foo/kernels.py"
+    kernels.write_text(kernels.read_text().replace("\n\n\n", "\n\n\n# tuned by hand\n", 1))
+    result = check(cli)
+    assert result.exit_code == 1
+    assert "generated/foo/kernels.py: hand-edited" in result.stdout
+    assert "+# tuned by hand" not in result.stdout and "-# tuned by hand" in result.stdout
+    assert "stale" not in result.stdout
+
+
+def test_check_hand_edit_and_spec_change(foo, cli):
+    """A file edited by hand is reported as such even when the spec changed as well."""
+    kernels = foo / "generated/foo/kernels.py"
+    kernels.write_text(kernels.read_text() + "# tuned by hand\n")
+    edit_fwd_block_n(foo / "specs/foo.toml")
+    result = check(cli)
+    assert result.exit_code == 1
+    assert "generated/foo/kernels.py: hand-edited" in result.stdout
+    assert "generated/foo/opgen-manifest.json: stale" in result.stdout
+
+
+def test_check_missing(foo, cli):
+    (foo / "generated/foo/reference.py").unlink()
+    result = check(cli)
+    assert result.exit_code == 1
+    assert "generated/foo/reference.py: missing" in result.stdout
+
+
+def test_check_extra(foo, cli):
+    (foo / "generated/foo/notes.txt").write_text("mine\n")
+    result = check(cli)
+    assert result.exit_code == 1
+    assert "generated/foo/notes.txt: extra" in result.stdout
+
+
+def test_build_repairs_every_drift(foo, cli):
+    package = foo / "generated/foo"
+    (package / "notes.txt").write_text("mine\n")
+    (package / "reference.py").unlink()
+    (package / "kernels.py").write_text("# gone\n")
+    assert check(cli).exit_code == 1
+    result = cli("build", "--no-compile")
+    assert result.exit_code == 0, result.output
+    assert tree(package) == package_files("foo")
+    assert check(cli).exit_code == 0
+
+
+def test_check_orphan_package(foo, cli):
+    assert cli("new", "attention", "--name", "bar").exit_code == 0
+    assert cli("build", "--no-compile").exit_code == 0
+    (foo / "specs/bar.toml").unlink()
+    result = check(cli)
+    assert result.exit_code == 1
+    assert "generated/bar/: extra" in result.stdout
+    assert "generated/foo" not in result.stdout
+    # Checking named specs only looks at their own packages.
+    assert check(cli, "specs/foo.toml").exit_code == 0
+
+
+def test_check_never_writes(foo, cli):
+    edit_fwd_block_n(foo / "specs/foo.toml")
+    before = mtimes(foo / "generated/foo")
+    assert check(cli).exit_code == 1
+    assert mtimes(foo / "generated/foo") == before
+
+
+def test_check_bad_spec(foo, cli):
+    (foo / "specs/foo.toml").write_text('name = "foo"\nfamily = "attention"\ndtypes = ["float8"]\n')
+    result = check(cli)
+    assert result.exit_code == 2
+    assert (
+        result.stderr
+        == "specs/foo.toml: dtypes.0: must be one of float16, bfloat16 (got 'float8')\n"
+    )
+
+
+# --- explain --------------------------------------------------------------------------------------
+
+
+def test_explain(foo, cli):
+    result = cli("explain", "specs/foo.toml")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("specs/foo.toml: attention 'foo'\n")
+    for factory in ("foo_fwd", "foo_bwd_preprocess", "foo_bwd", "foo_bwd_postprocess"):
+        assert factory in result.stdout.split()
+
+
+def test_explain_shape(foo, cli):
+    shape = "batch=2,heads=8,seq_len=1024,head_dim=64,causal=1,dtype=bfloat16"
+    result = cli("explain", "specs/foo.toml", "--shape", shape)
+    assert result.exit_code == 0, result.output
+    assert "batch=2 heads=8" in result.stdout and "seq_len=1024" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "shape, fragment",
+    [
+        ("batch=2", "missing"),
+        ("batch=x,heads=1,seq_len=64,head_dim=64", "batch must be an integer"),
+        ("colour=1", "expected key=value"),
+    ],
+)
+def test_explain_bad_shape(foo, cli, shape, fragment):
+    result = cli("explain", "specs/foo.toml", "--shape", shape)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("--shape: ") and fragment in result.stderr
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "batch=1,heads=0,seq_len=128,head_dim=64",
+        "batch=1,heads=4,seq_len=128,head_dim=64,dtype=float8",
+    ],
+)
+def test_explain_rejects_impossible_shapes(foo, cli, shape):
+    result = cli("explain", "specs/foo.toml", "--shape", shape)
+    assert result.exit_code == 2, result.output
+
+
+# --- test, bench ----------------------------------------------------------------------------------
+
+
+def test_generated_tests_skip_without_cuda(foo, run_opgen):
+    """`opgen test` runs the package's pytest file; on a CPU machine the GPU tests skip, saying why."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present: the generated tests would really run")
+    result = run_opgen("test", "foo", "-q", "-rs", "-p", "no:cacheprovider", cwd=foo)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (
+        " skipped" in result.stdout
+        and "failed" not in result.stdout
+        and "error" not in result.stdout
+    )
+    assert "needs a CUDA GPU" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["test", "bench"])
+def test_run_commands_need_a_built_package(project, cli, command):
+    result = cli(command, "nope")
+    assert result.exit_code == 2
+    assert "generated/nope/ does not exist; run `opgen build` first" in result.stderr

@@ -1,0 +1,202 @@
+"""The compile check for real: TileLang lowers each kernel and nvcc compiles it for sm_90a, on the
+CPU. Nothing is mocked. Slow (tens of seconds); deselect with `-m "not compile"`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from opgen.compile import compile_all
+from opgen.families.attention import smem_bytes
+from opgen.output import write
+from opgen.plan import SM90_SMEM_LIMIT, CompileJob
+from opgen.render import generate
+from opgen.spec import GemmTiling
+
+pytestmark = [pytest.mark.compile, pytest.mark.xdist_group("compile")]
+
+# One layout, one dtype, one head dim: the 6 kernels of one (layout, dtype, head_dim) combination.
+SMALL = """\
+name = "small"
+family = "attention"
+dtypes = ["float16"]
+
+[attention]
+layouts = ["bshd"]
+head_dims = [64]
+
+[bench]
+shapes = [{ batch = 1, heads = 4, seq_len = 1024, head_dim = 64, causal = false }]
+"""
+
+# The same with GQA: the bwd kernel's grouped modes (fp32 dK/dV partials or atomics) must fit the
+# same shared-memory estimate.
+SMALL_GQA = (
+    SMALL.replace('name = "small"', 'name = "small_gqa"').replace(
+        "head_dims = [64]", 'head_dims = [64]\ngqa = true\n\n[grads.dk]\nreduction = "split"'
+    )
+    + "\n[test]\nshapes = [{ batch = 1, heads = 8, kv_heads = 2, seq_len = 1000 }]\n"
+)
+
+# fwd tiles of 2 * (128*64 + 2*4*256*64) = 278528 bytes at head_dim 64: over the 227 KB of sm_90.
+BIG_FWD = {"block_n": 256, "num_stages": 4}
+
+ALIGNED_SEQ = 4096
+
+# Warp specialization (num_stages >= 1) adds a 128-thread TMA producer warpgroup.
+PRODUCER_THREADS = 128
+
+
+def test_build_compiles_every_kernel(tmp_path, run_opgen):
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs/small.toml").write_text(SMALL)
+    result = run_opgen("build", "specs/small.toml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "6/6" in result.stdout, result.stdout
+    assert "compile failed" not in result.stderr
+    assert (tmp_path / "generated/small/kernels.py").is_file()
+
+
+def _build(root: Path, name: str, text: str):
+    """Write specs/<name>.toml, render it and write generated/<name>/ (no compile)."""
+    (root / "specs").mkdir(exist_ok=True)
+    (root / f"specs/{name}.toml").write_text(text)
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        gen = generate(Path(f"specs/{name}.toml"))
+        write(gen, root)
+    finally:
+        os.chdir(cwd)
+    return root / gen.out_dir / "kernels.py", gen
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """generated/small/ of a temporary project, and its Generated (plan included)."""
+    return _build(tmp_path_factory.mktemp("compile"), "small", SMALL)
+
+
+@pytest.fixture(scope="module")
+def compiled(small):
+    """One fwd and one bwd job of the plan, two broken jobs, one whose tiles overflow shared
+    memory (the spec would refuse it; the compile check must catch it too) and a grouped (GQA,
+    split dK) bwd job, in one process pool."""
+    kernels, gen = small
+    gqa_kernels, gqa = _build(kernels.parents[2], "small_gqa", SMALL_GQA)
+    grouped = next(
+        j
+        for j in gqa.plan.compile_jobs
+        if j.factory == "small_gqa_bwd" and "split" in j.args and "atomic" not in j.args
+    )
+    jobs = gen.plan.compile_jobs
+    fwd = next(j for j in jobs if j.factory == gen.plan.kernels["fwd"].factory)
+    bwd = next(j for j in jobs if j.factory == gen.plan.kernels["bwd"].factory)
+    bogus = CompileJob("no_such_factory", (), {}, "bogus factory")
+    short = dataclasses.replace(fwd, args=fwd.args[:2], label="too few arguments")
+    big = dataclasses.replace(
+        fwd, tiling={**fwd.tiling, **BIG_FWD}, label="fwd over the smem limit"
+    )
+    work = [(gen.spec_path, kernels, job) for job in (fwd, bogus, bwd, short, big)]
+    work.append((gqa.spec_path, gqa_kernels, grouped))
+    # The bwd job again at the benchmark's seq_len (a multiple of every block).
+    seq = gen.plan.test_cases[0].seq_len
+    aligned = dataclasses.replace(
+        bwd,
+        args=tuple(ALIGNED_SEQ if a == seq else a for a in bwd.args),
+        label=f"{bwd.label} seq_len={ALIGNED_SEQ}",
+    )
+    assert aligned.args != bwd.args
+    work.append((gen.spec_path, kernels, aligned))
+    seen = []
+    results = compile_all(work, workers=2, on_done=seen.append)
+    keys = ("fwd", "bogus", "bwd", "short", "big", "grouped", "aligned")
+    return gen, dict(zip(keys, results, strict=True)), seen
+
+
+def test_results_come_back_in_input_order(compiled):
+    gen, results, seen = compiled
+    labels = [r.label for r in results.values()]
+    assert labels[1:4:2] == ["bogus factory", "too few arguments"]
+    assert sorted(r.label for r in seen) == sorted(labels), "on_done sees every result"
+    assert [r.spec for r in results.values()] == [gen.spec_path] * 5 + [
+        "specs/small_gqa.toml",
+        gen.spec_path,
+    ]
+
+
+@pytest.mark.parametrize("phase", ["fwd", "bwd"])
+def test_kernel_compiles(compiled, phase):
+    gen, results, _ = compiled
+    result = results[phase]
+    assert result.ok, result.error
+    assert result.error == ""
+    assert result.seconds > 0
+
+
+@pytest.mark.parametrize("phase", ["fwd", "bwd"])
+def test_smem_estimate_is_a_tight_upper_bound(compiled, phase):
+    gen, results, _ = compiled
+    estimate = gen.plan.smem[phase][64]
+    assert estimate - 2048 <= results[phase].smem_bytes <= estimate
+
+
+@pytest.mark.parametrize("phase", ["fwd", "bwd"])
+def test_threads_include_the_producer_warpgroup(compiled, phase):
+    gen, results, _ = compiled
+    tiling = gen.plan.kernels[phase].tiling
+    assert tiling["num_stages"] >= 1
+    assert results[phase].threads == tiling["threads"] + PRODUCER_THREADS
+
+
+def test_unknown_factory_is_reported_not_raised(compiled):
+    _, results, _ = compiled
+    result = results["bogus"]
+    assert not result.ok
+    assert "no_such_factory" in result.error
+    assert result.error.startswith("AttributeError: ")
+    assert (result.smem_bytes, result.threads) == (0, 0)
+
+
+def test_wrong_arguments_are_reported_not_raised(compiled):
+    _, results, _ = compiled
+    result = results["short"]
+    assert not result.ok
+    assert result.error.startswith("TypeError: ")
+    assert "missing" in result.error
+
+
+def test_no_work():
+    assert compile_all([]) == []
+
+
+def test_smem_over_the_limit_fails_the_check(compiled):
+    gen, results, _ = compiled
+    result = results["big"]
+    assert not result.ok
+    tiling = GemmTiling(**{**gen.plan.kernels["fwd"].tiling, **BIG_FWD})
+    assert result.smem_bytes == 278528 <= smem_bytes("fwd", tiling, 64)
+    assert result.smem_bytes > SM90_SMEM_LIMIT
+    assert result.error == (
+        f"uses 278528 bytes of shared memory, over the sm_90 limit {SM90_SMEM_LIMIT}; "
+        "it would fail at launch"
+    )
+
+
+def test_grouped_bwd_compiles_within_the_estimate(compiled):
+    gen, results, _ = compiled
+    result = results["grouped"]
+    assert result.ok, result.error
+    assert "split" in result.label
+    assert result.smem_bytes <= gen.plan.smem["bwd"][64]  # same tiles as small: same estimate
+    assert result.threads == gen.plan.kernels["bwd"].tiling["threads"] + PRODUCER_THREADS
+
+
+def test_smem_estimate_holds_for_aligned_seq_len(compiled):
+    gen, results, _ = compiled
+    result = results["aligned"]
+    assert result.ok, result.error
+    assert result.smem_bytes <= gen.plan.smem["bwd"][64]

@@ -1,0 +1,186 @@
+"""Golden rendering: each spec renders to exactly the committed tree, byte for byte.
+
+generated/attention/ is the shipped package; tests/golden/ holds packages rendered from the
+specs in tests/specs/ that exercise non-default choices. After an intended change to opgen or its
+templates, `pytest tests/test_golden.py --update-golden` rewrites them (then review the diff).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT
+
+from opgen import __version__
+from opgen.render import MANIFEST, generate
+
+# Every shipped spec against its committed package, then the test-only specs.
+SHIPPED = [
+    (f"specs/{p.name}", f"generated/{p.stem}") for p in sorted((REPO_ROOT / "specs").glob("*.toml"))
+]
+GOLDEN = SHIPPED + [
+    ("tests/specs/attention_recompute.toml", "tests/golden/attention_recompute"),
+]
+assert ("specs/attention.toml", "generated/attention") in GOLDEN
+IDS = [Path(spec).stem for spec, _ in GOLDEN]
+IGNORED = {"__pycache__", ".pytest_cache"}
+
+
+def read_tree(directory: Path) -> dict[str, bytes]:
+    if not directory.is_dir():
+        return {}
+    return {
+        path.relative_to(directory).as_posix(): path.read_bytes()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+        and not IGNORED.intersection(path.relative_to(directory).parts)
+        and path.suffix != ".pyc"
+    }
+
+
+def rewrite_tree(directory: Path, files: dict[str, str]) -> None:
+    """Make directory hold exactly files; unchanged files are left alone."""
+    for name in set(read_tree(directory)) - set(files):
+        (directory / name).unlink()
+    for name, text in files.items():
+        path = directory / name
+        data = text.encode("utf-8")
+        if not path.is_file() or path.read_bytes() != data:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+
+def short_diff(name: str, old: bytes, new: bytes, limit: int = 40) -> str:
+    lines = list(
+        difflib.unified_diff(
+            old.decode("utf-8", "replace").splitlines(),
+            new.decode("utf-8", "replace").splitlines(),
+            f"{name} (golden)",
+            f"{name} (rendered)",
+            lineterm="",
+            n=1,
+        )
+    )
+    more = [f"... ({len(lines) - limit} more lines)"] if len(lines) > limit else []
+    return "\n".join(lines[:limit] + more)
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, dict[str, str]]:
+    """Every golden spec rendered once, from the repository root (paths in headers are relative)."""
+    cwd = os.getcwd()
+    os.chdir(REPO_ROOT)
+    try:
+        return {spec: generate(Path(spec)).files for spec, _ in GOLDEN}
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.mark.parametrize("spec, golden", GOLDEN, ids=IDS)
+def test_golden_tree(rendered, spec, golden, update_golden):
+    files = rendered[spec]
+    golden_dir = REPO_ROOT / golden
+    if update_golden:
+        rewrite_tree(golden_dir, files)
+    on_disk = read_tree(golden_dir)
+    expected = {name: text.encode("utf-8") for name, text in files.items()}
+    hint = f"rerun with --update-golden (or `opgen build {spec}`) if the change is intended"
+    assert sorted(on_disk) == sorted(expected), f"missing or extra files in {golden}/; {hint}"
+    changed = [name for name in expected if on_disk[name] != expected[name]]
+    assert not changed, f"{golden}/ differs from {spec} in {changed}; {hint}\n" + "\n".join(
+        short_diff(f"{golden}/{name}", on_disk[name], expected[name]) for name in changed
+    )
+
+
+@pytest.mark.parametrize("spec, golden", GOLDEN, ids=IDS)
+def test_build_is_deterministic(repo_root, rendered, spec, golden):
+    assert generate(Path(spec)).files == rendered[spec]
+
+
+def test_output_does_not_depend_on_hash_seed(rendered):
+    """Set iteration order changes with PYTHONHASHSEED; the rendered files must not."""
+    spec = "specs/attention.toml"
+    code = (
+        "import sys; from pathlib import Path; from opgen.render import generate; "
+        "sys.stdout.write(generate(Path(sys.argv[1])).files[sys.argv[2]])"
+    )
+    for seed in ("1", "12345"):
+        out = subprocess.run(
+            [sys.executable, "-c", code, spec, MANIFEST],
+            cwd=REPO_ROOT,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert out == rendered[spec][MANIFEST], f"PYTHONHASHSEED={seed}"
+
+
+@pytest.mark.parametrize("spec, golden", GOLDEN, ids=IDS)
+def test_expected_files(rendered, spec, golden):
+    op = Path(golden).name
+    assert sorted(rendered[spec]) == sorted(
+        [
+            "__init__.py",
+            "autograd.py",
+            "kernels.py",
+            "reference.py",
+            f"test_{op}.py",
+            f"bench_{op}.py",
+            MANIFEST,
+        ]
+    )
+
+
+@pytest.mark.parametrize("spec, golden", GOLDEN, ids=IDS)
+def test_headers(rendered, spec, golden):
+    digest = hashlib.sha256((REPO_ROOT / spec).read_bytes()).hexdigest()
+    header = (
+        f"# @generated by opgen {__version__} from {spec} (sha256:{digest[:16]}). DO NOT EDIT.\n"
+    )
+    for name, text in rendered[spec].items():
+        if name == MANIFEST:
+            continue
+        assert text.startswith(header), f"{name}: {text.splitlines()[0]!r}"
+
+
+@pytest.mark.parametrize("spec, golden", GOLDEN, ids=IDS)
+def test_python_files_are_standalone(rendered, spec, golden):
+    """A generated package imports torch and tilelang, never opgen, and parses."""
+    opgen_import = re.compile(r"^\s*(import\s+opgen\b|from\s+opgen\b)", re.MULTILINE)
+    for name, text in rendered[spec].items():
+        if not name.endswith(".py"):
+            continue
+        assert not opgen_import.search(text), f"{name} imports opgen"
+        ast.parse(text, filename=name)
+
+
+@pytest.mark.parametrize("spec, golden", GOLDEN, ids=IDS)
+def test_no_machine_specific_text(rendered, spec, golden):
+    for name, text in rendered[spec].items():
+        assert str(REPO_ROOT) not in text, f"{name} holds an absolute path"
+        assert "\r" not in text and text.endswith("\n"), name
+
+
+@pytest.mark.parametrize("spec, golden", GOLDEN, ids=IDS)
+def test_manifest(rendered, spec, golden):
+    files = rendered[spec]
+    data = json.loads(files[MANIFEST])
+    assert data["generator"] == f"opgen {__version__}"
+    assert data["spec"] == spec
+    assert data["spec_sha256"] == hashlib.sha256((REPO_ROOT / spec).read_bytes()).hexdigest()
+    assert data["files"] == {
+        name: hashlib.sha256(text.encode("utf-8")).hexdigest()
+        for name, text in sorted(files.items())
+        if name != MANIFEST
+    }
