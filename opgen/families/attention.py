@@ -22,6 +22,7 @@ from opgen.plan import (
     GradPlan,
     KernelPlan,
     SourceInfo,
+    format_bytes,
     require_every_gradient_checked,
 )
 from opgen.spec import (
@@ -616,10 +617,10 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]
     sizes = {"q": b * h * s * d * elem, "k": b * kv * s * d * elem, "v": b * kv * s * d * elem,
              "sinks": h * (4 if p.sinks_dtype_expr == "torch.float32" else elem),
              "o": b * h * s * d * elem, "lse": b * h * s * 4}
-    saved = [[name, _bytes(sizes[name]), "saved"] for name in p.saved]
-    saved += [[name, _bytes(sizes[name]), "recomputed in backward (forward kernel rerun)"]
+    saved = [[name, format_bytes(sizes[name]), "saved"] for name in p.saved]
+    saved += [[name, format_bytes(sizes[name]), "recomputed in backward (forward kernel rerun)"]
               for name in p.recomputed]
-    saved.append(["total held between fwd and bwd", _bytes(sum(sizes[n] for n in p.saved)), ""])
+    saved.append(["total held between fwd and bwd", format_bytes(sum(sizes[n] for n in p.saved)), ""])
     reductions = []
     for g in p.grads:
         mode = g.reduction if groups > 1 or g.grad in ("dq", "dsinks") else "direct"
@@ -631,7 +632,7 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]
             size = b * kv * s * d * {"atomic": 4, "split": 4 * groups, "direct": elem}[mode]
         buffer = {"atomic": "fp32 atomic target (torch.zeros)", "split": "fp32 partials, summed after",
                   "direct": "written once (torch.empty)"}[mode]
-        reductions.append([g.grad, mode, buffer, _bytes(size), g.note])
+        reductions.append([g.grad, mode, buffer, format_bytes(size), g.note])
     fwd = flops_fwd(b, h, s, d, causal, window)
     flops = [["forward", f"{fwd / 1e12:.3f} TFLOP", "4 * B * H * D * visible (query, key) pairs"],
              ["backward", f"{2.5 * fwd / 1e12:.3f} TFLOP", "2.5 x forward (5 GEMMs vs 2)"]]
@@ -663,10 +664,3 @@ def _check_shape(p: Plan, b, h, kv, s, d, causal, window, dtype) -> None:
     if problems:
         raise OpgenError("--shape: " + "; ".join(problems))
 
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
