@@ -233,7 +233,8 @@ def explain(
     shape: Optional[str] = typer.Option(
         None, "--shape",
         help="Runtime shape as key=value pairs, e.g. batch=2,heads=32,kv_heads=8,seq_len=4096,"
-             "head_dim=128,causal=1,window=1024,dtype=bfloat16 (default: the first bench shape).",
+             "head_dim=128,causal=1 for attention or rows=8192,channels=4096 for scaled_silu "
+             "(default: the first bench shape).",
     ),
 ) -> None:
     """Print the plan: kernels and grids, saved bytes, atomic and split buffers, FLOPs."""
@@ -241,7 +242,7 @@ def explain(
 
     with user_errors():
         plan, module = load_plan(spec)
-        values = _parse_shape(shape, module.EXPLAIN_SHAPE_KEYS) if shape else \
+        values = _parse_shape(shape, module.EXPLAIN_SHAPE_KEYS, module.EXPLAIN_REQUIRED_KEYS) if shape else \
             plan.bench.shapes[0].model_dump() | {"dtype": plan.bench.dtype}
         out.print(f"{plan.source.spec_path}: {plan.family} '{plan.name}'", markup=False)
         for title, rows in module.explain(plan, values):
@@ -253,7 +254,7 @@ def explain(
                 out.print(table)
 
 
-def _parse_shape(text: str, keys: tuple[str, ...]) -> dict:
+def _parse_shape(text: str, keys: tuple[str, ...], required: tuple[str, ...]) -> dict:
     values: dict = {}
     for part in text.split(","):
         key, sep, raw = part.partition("=")
@@ -272,7 +273,7 @@ def _parse_shape(text: str, keys: tuple[str, ...]) -> dict:
                 values[key] = int(raw)
             except ValueError:
                 raise OpgenError(f"--shape: {key} must be an integer (got {raw!r})") from None
-    missing = [k for k in ("batch", "heads", "seq_len", "head_dim") if k not in values]
+    missing = [k for k in required if k not in values]
     if missing:
         raise OpgenError(f"--shape: missing {', '.join(missing)}")
     return values

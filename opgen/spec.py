@@ -11,7 +11,7 @@ import keyword
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Iterator, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -72,12 +72,19 @@ class SpecBase(StrictModel):
     family: str
     dtypes: tuple[Dtype, ...] = ("float16", "bfloat16")
 
-    @model_validator(mode="after")
-    def _dtypes_unique(self):
+    def problems(self) -> Iterator[tuple[str, str]]:
+        """Whole-spec checks as (field, message) pairs; families extend this."""
         if not self.dtypes:
-            raise ValueError("dtypes: must list at least one dtype")
+            yield "dtypes", "must list at least one dtype"
         if len(set(self.dtypes)) != len(self.dtypes):
-            raise ValueError("dtypes: must not repeat a dtype")
+            yield "dtypes", "must not repeat a dtype"
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        problems = list(self.problems())
+        if problems:
+            # One ValueError carries every problem; validate() splits them back out.
+            raise ValueError("\n".join(f"{field}: {msg}" for field, msg in problems))
         return self
 
 

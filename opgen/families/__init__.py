@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from opgen.families import attention
+from opgen.families import attention, scaled_silu
 
-FAMILIES: dict[str, ModuleType] = {"attention": attention}
+FAMILIES: dict[str, ModuleType] = {"attention": attention, "scaled_silu": scaled_silu}
 
 
 def family_names() -> list[str]:

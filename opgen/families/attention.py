@@ -197,13 +197,9 @@ class Spec(SpecBase):
     test: AttentionTest = AttentionTest()
     bench: AttentionBench = AttentionBench()
 
-    @model_validator(mode="after")
-    def _consistent(self) -> "Spec":
-        problems = list(_problems(self))
-        if problems:
-            # One ValueError carries every problem; spec.validate splits them back out.
-            raise ValueError("\n".join(f"{field}: {msg}" for field, msg in problems))
-        return self
+    def problems(self):
+        yield from super().problems()
+        yield from _problems(self)
 
 
 def allowed_reductions(section: AttentionSection) -> dict[str, tuple[str, ...]]:
@@ -588,6 +584,7 @@ def _compile_jobs(spec, kernels, chosen, test_cases, mask_cases) -> tuple[Compil
 
 
 EXPLAIN_SHAPE_KEYS = ("batch", "heads", "kv_heads", "seq_len", "head_dim", "causal", "window", "dtype")
+EXPLAIN_REQUIRED_KEYS = ("batch", "heads", "seq_len", "head_dim")
 
 
 def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]:
