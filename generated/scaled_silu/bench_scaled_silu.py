@@ -36,6 +36,9 @@ def eager(x, w):
 
 def candidates():
     """name -> fn(x, w) returning y."""
+    # The backward is timed by replaying one graph (retain_graph=True); compiled backwards
+    # donate their saved buffers by default, which forbids that.
+    torch._functorch.config.donated_buffer = False
     return {
         "opgen scaled_silu": scaled_silu,
         "eager PyTorch": eager,
