@@ -12,6 +12,7 @@ number."""
 import sys
 
 import torch
+import torch._functorch.config as functorch_config
 from tilelang.profiler import do_bench
 
 from .autograd import weight_dtype, scaled_silu
@@ -38,7 +39,7 @@ def candidates():
     """name -> fn(x, w) returning y."""
     # The backward is timed by replaying one graph (retain_graph=True); compiled backwards
     # donate their saved buffers by default, which forbids that.
-    torch._functorch.config.donated_buffer = False
+    functorch_config.donated_buffer = False
     return {
         "opgen scaled_silu": scaled_silu,
         "eager PyTorch": eager,
