@@ -233,8 +233,8 @@ def explain(
     shape: Optional[str] = typer.Option(
         None, "--shape",
         help="Runtime shape as key=value pairs, e.g. batch=2,heads=32,kv_heads=8,seq_len=4096,"
-             "head_dim=128,causal=1 for attention or rows=8192,channels=4096 for scaled_silu "
-             "(default: the first bench shape).",
+             "head_dim=128,causal=1 for attention; rows=8192,channels=4096 for scaled_silu and "
+             "rmsnorm; m=4096,n=4096,k=4096 for matmul (default: the first bench shape).",
     ),
 ) -> None:
     """Print the plan: kernels and grids, saved bytes, atomic and split buffers, FLOPs."""

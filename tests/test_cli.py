@@ -168,9 +168,9 @@ def test_new_rejects_every_name_the_spec_rejects(project, cli, name):
 
 
 def test_new_unknown_scaffold(project, cli):
-    result = cli("new", "matmul")
+    result = cli("new", "convolution")
     assert result.exit_code == 2
-    assert "'matmul'" in result.stderr and "attention" in result.stderr
+    assert "'convolution'" in result.stderr and "attention" in result.stderr
     assert tree(project) == []
 
 

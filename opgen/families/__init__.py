@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from opgen.families import attention, scaled_silu
+from opgen.families import attention, matmul, rmsnorm, scaled_silu
 
-FAMILIES: dict[str, ModuleType] = {"attention": attention, "scaled_silu": scaled_silu}
+FAMILIES: dict[str, ModuleType] = {"attention": attention, "scaled_silu": scaled_silu,
+                                 "rmsnorm": rmsnorm, "matmul": matmul}
 
 
 def family_names() -> list[str]:

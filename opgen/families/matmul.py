@@ -1,0 +1,516 @@
+"""Matrix multiply C = A @ B (+ bias), forward and backward (seed 003's closing paragraph).
+
+A is [M, K] (leading batch dims of A are flattened into M), B is [K, N], bias is [N]; inputs are
+fp16 or bf16 and every GEMM accumulates in fp32. The backward is two more GEMMs, each reading one
+operand transposed straight from its row-major tensor (no host transposes): dA = dC @ B^T
+(transpose_B) and dB = A^T @ dC (transpose_A). Each output tile is computed by one block that
+runs the whole reduction, so dA, dB and C are written once. dbias = the column sums of dC: one
+fp32 partial per block of rows, summed on the host in a fixed order (deterministic).
+
+Spec section, validation beyond field types, and plan(): the kernels and their grids, the gradient
+buffers, the shared-memory estimate per GEMM phase, the test matrix, the compile jobs and the FLOP
+counts the benchmark divides by.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import StrictBool, model_validator
+
+from opgen.errors import OpgenError
+from opgen.plan import (
+    DTYPE_BYTES,
+    SM90_SMEM_LIMIT,
+    TORCH_DTYPES,
+    CompileJob,
+    GradPlan,
+    KernelPlan,
+    SourceInfo,
+    format_bytes,
+    require_every_gradient_checked,
+)
+from opgen.spec import (
+    Block,
+    Dtype,
+    PositiveInt,
+    SpecBase,
+    Stages,
+    StrictModel,
+    Threads,
+    Tolerance,
+    merge_defaults,
+)
+
+DESCRIPTION = (
+    "matmul C = A @ B (+ bias), fp32 accumulation: fwd GEMM; bwd dA = dC B^T and dB = A^T dC "
+    "(WGMMA on transposed tiles), dbias by split partials"
+)
+
+# Templates per output file; "{name}" is the spec's name.
+TEMPLATES = {
+    "__init__.py": "matmul/__init__.py.jinja",
+    "kernels.py": "matmul/kernels.py.jinja",
+    "autograd.py": "matmul/autograd.py.jinja",
+    "reference.py": "matmul/reference.py.jinja",
+    "test_{name}.py": "matmul/test_op.py.jinja",
+    "bench_{name}.py": "matmul/bench_op.py.jinja",
+}
+
+# The three GEMM phases: the key of each in [tiling] and the plan, and the axes of the problem
+# that its output rows, output columns and reduction run along.
+GEMM_PHASES = ("fwd", "da", "db")
+GEMM_AXES = {"fwd": ("m", "n", "k"), "da": ("m", "k", "n"), "db": ("k", "n", "m")}
+
+# WGMMA: a warpgroup (4 warps) computes 64-row slices; each warp owns a multiple of 16 rows and 8
+# columns of the tile (TileLang's warp partition for T.gemm on Hopper).
+WARPGROUP_THREADS = 128
+WGMMA_MIN_M = 64
+WARP_ROWS, WARP_COLS = 16, 8
+
+# The dbias kernel keeps block_m x block_n fp32 terms in registers until the column reduction.
+MAX_DBIAS_ELEMENTS_PER_THREAD = 64
+
+
+class GemmTiling(StrictModel):
+    """Tiles of a GEMM phase: a block computes a block_m x block_n tile of the phase's output,
+    stepping block_k along its reduction through a num_stages-deep pipeline of shared tiles."""
+
+    block_m: Block
+    block_n: Block
+    block_k: Block
+    threads: Threads
+    num_stages: Stages
+
+
+class ReduceTiling(StrictModel):
+    """Tiles of the dbias reduction: a block sums block_m rows of block_n columns of dC."""
+
+    block_m: Block
+    block_n: Block
+    threads: Threads
+
+
+# Hopper defaults: 128x128 output tiles, K steps of 64, two consumer warpgroups (each a 64x128
+# WGMMA slice), three stages of TMA loads in flight: 3 x 32 KiB of operand tiles, the epilogue's
+# 32 KiB staging tile reusing that space. dbias: 32 x 256 tiles, one column per thread (coalesced
+# rows), 32 fp32 terms each.
+DEFAULT_TILING = {
+    "fwd": GemmTiling(block_m=128, block_n=128, block_k=64, threads=256, num_stages=3),
+    "da": GemmTiling(block_m=128, block_n=128, block_k=64, threads=256, num_stages=3),
+    "db": GemmTiling(block_m=128, block_n=128, block_k=64, threads=256, num_stages=3),
+    "dbias": ReduceTiling(block_m=32, block_n=256, threads=256),
+}
+
+# An fp32-accumulated GEMM rounded once to fp16/bf16 differs from the fp32 reference by about one
+# unit in the last place of each element (rtol), plus accumulation-order noise that grows with the
+# reduction length and the size of the terms, not with the element: so atol is a fraction of the
+# largest |reference| of the tensor compared (outputs grow like sqrt(K)). A doubled, zeroed,
+# sign-flipped or swapped gradient is off by about the size of the tensor itself and fails.
+DEFAULT_TOLERANCES = {
+    "float16": Tolerance(rtol=1e-2, atol=1e-3),
+    "bfloat16": Tolerance(rtol=2e-2, atol=5e-3),
+}
+
+DEFAULT_TEST_SHAPES = ((1000, 777, 336), (64, 4096, 64), (4097, 128, 1024), (333, 333, 333))
+DEFAULT_BENCH_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192))
+
+# `opgen new <scaffold>`: the data each commented scaffold is rendered from.
+SCAFFOLDS = {
+    "matmul": {
+        "title": "matrix multiply C = A @ B + bias, fp32 accumulation, fwd and bwd (dA, dB, dbias)",
+        "bias": True,
+        "shapes": DEFAULT_TEST_SHAPES,
+        "bench_dtype": "bfloat16",
+        "bench": DEFAULT_BENCH_SHAPES,
+        "tiling": {phase: t.model_dump() for phase, t in DEFAULT_TILING.items()},
+        "tolerance": {dtype: t.model_dump() for dtype, t in DEFAULT_TOLERANCES.items()},
+    },
+}
+
+
+class MatmulSection(StrictModel):
+    # true: C = A @ B + bias with bias [N] (A's dtype), a third input with its own gradient.
+    bias: StrictBool = False
+
+
+class DirectGrad(StrictModel):
+    # A GEMM: each output tile is computed by one block over the whole reduction, written once.
+    reduction: Literal["direct"] = "direct"
+
+
+class SplitGrad(StrictModel):
+    # Column sums of dC: one fp32 partial per block of rows, written once, summed on the host in a
+    # fixed order (deterministic).
+    reduction: Literal["split"] = "split"
+
+
+class MatmulGrads(StrictModel):
+    da: DirectGrad = DirectGrad()
+    db: DirectGrad = DirectGrad()
+    dbias: SplitGrad = SplitGrad()
+
+
+class MatmulTiling(StrictModel):
+    fwd: GemmTiling
+    da: GemmTiling
+    db: GemmTiling
+    dbias: ReduceTiling
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        return merge_defaults(data, DEFAULT_TILING)
+
+
+class MatmulShape(StrictModel):
+    """One problem: A [m, k] @ B [k, n]."""
+
+    m: PositiveInt
+    n: PositiveInt
+    k: PositiveInt
+
+    @property
+    def id(self) -> str:
+        return f"m{self.m}-n{self.n}-k{self.k}"
+
+
+def _shapes(triples) -> tuple[MatmulShape, ...]:
+    return tuple(MatmulShape(m=m, n=n, k=k) for m, n, k in triples)
+
+
+class MatmulTest(StrictModel):
+    # Keep sizes that are not a multiple of any block (tail tiles are where guard bugs hide), a
+    # skinny one or two, and a square one (m = n = k: only there do dA and dB have one shape, so
+    # the tests can check that swapping them fails).
+    shapes: tuple[MatmulShape, ...] = _shapes(DEFAULT_TEST_SHAPES)
+    tolerance: dict[Dtype, Tolerance] = {}
+
+    def tolerance_for(self, dtype: str) -> Tolerance:
+        return self.tolerance.get(dtype, DEFAULT_TOLERANCES[dtype])
+
+
+class MatmulBench(StrictModel):
+    dtype: Dtype = "bfloat16"
+    shapes: tuple[MatmulShape, ...] = _shapes(DEFAULT_BENCH_SHAPES)
+    warmup_ms: PositiveInt = 25
+    rep_ms: PositiveInt = 100
+
+
+class Spec(SpecBase):
+    family: Literal["matmul"]
+    matmul: MatmulSection = MatmulSection()
+    grads: MatmulGrads = MatmulGrads()
+    tiling: MatmulTiling = MatmulTiling.model_validate({})
+    test: MatmulTest = MatmulTest()
+    bench: MatmulBench = MatmulBench()
+
+    def problems(self):
+        yield from super().problems()
+        yield from _problems(self)
+
+
+def wgmma_warps(tiling: GemmTiling) -> tuple[int, int] | None:
+    """(warps along rows, warps along columns) that TileLang's FullRow policy gives a WGMMA tile,
+    or None when no split of the warps into whole warpgroups fits it: the most row warps (a
+    multiple of 4) such that each warp owns a multiple of 16 rows and 8 columns."""
+    warps = tiling.threads // 32
+    for rows in range(warps - warps % 4, 0, -4):
+        cols = warps // rows
+        if (rows * cols == warps and tiling.block_m % (rows * WARP_ROWS) == 0
+                and tiling.block_n % (cols * WARP_COLS) == 0):
+            return rows, cols
+    return None
+
+
+def smem_bytes(tiling: GemmTiling) -> int:
+    """Shared memory of a GEMM kernel (16-bit operands): num_stages A and B tiles for the pipeline
+    (at least one), or the epilogue's C staging tile when that is larger; TileLang places the
+    staging tile in the pipeline's space once the loop is done. Buffers count rounded up to
+    1 KiB (TMA and swizzled layouts are aligned). The compile check reads the real number."""
+    elem = DTYPE_BYTES["float16"]
+    t = tiling
+    stages = max(1, t.num_stages)
+    loop = stages * (_kib(elem * t.block_m * t.block_k) + _kib(elem * t.block_k * t.block_n))
+    return max(loop, _kib(elem * t.block_m * t.block_n))
+
+
+def _kib(nbytes: int) -> int:
+    return -(-nbytes // 1024) * 1024
+
+
+def axis_blocks(spec_tiling: MatmulTiling) -> dict[str, int]:
+    """The smallest block along each problem axis (m, n, k) over every phase that tiles it: a
+    size that is not a multiple of it is a multiple of no block (blocks are powers of two)."""
+    smallest = {"m": spec_tiling.dbias.block_m, "n": spec_tiling.dbias.block_n, "k": 1 << 30}
+    for phase in GEMM_PHASES:
+        t = getattr(spec_tiling, phase)
+        for axis, block in zip(GEMM_AXES[phase], (t.block_m, t.block_n, t.block_k)):
+            smallest[axis] = min(smallest[axis], block)
+    return smallest
+
+
+def _problems(spec: Spec):
+    for phase in GEMM_PHASES:
+        t = getattr(spec.tiling, phase)
+        where = f"tiling.{phase}"
+        if t.threads % WARPGROUP_THREADS:
+            yield f"{where}.threads", (
+                f"must be a multiple of {WARPGROUP_THREADS} (whole warpgroups for WGMMA) "
+                f"(got {t.threads})"
+            )
+        elif t.block_m < WGMMA_MIN_M:
+            yield f"{where}.block_m", (
+                f"must be at least {WGMMA_MIN_M}: WGMMA computes 64-row slices, and a smaller tile "
+                f"silently falls back to mma.sync (got {t.block_m})"
+            )
+        elif wgmma_warps(t) is None:
+            yield where, (
+                f"a {t.block_m} x {t.block_n} tile cannot be split over {t.threads // 32} warps in "
+                f"whole warpgroups (each warp a multiple of {WARP_ROWS} rows and {WARP_COLS} "
+                "columns); raise block_m or block_n, or lower threads"
+            )
+        need = smem_bytes(t)
+        if need > SM90_SMEM_LIMIT:
+            yield where, (
+                f"needs about {need // 1024} KB of shared memory, over the sm_90 limit of "
+                f"{SM90_SMEM_LIMIT // 1024} KB; lower block_m, block_n, block_k or num_stages"
+            )
+    r = spec.tiling.dbias
+    if r.block_m * r.block_n > MAX_DBIAS_ELEMENTS_PER_THREAD * r.threads:
+        yield "tiling.dbias", (
+            f"block_m x block_n must be at most {MAX_DBIAS_ELEMENTS_PER_THREAD} x threads "
+            f"({MAX_DBIAS_ELEMENTS_PER_THREAD * r.threads}): each thread holds its fp32 terms in "
+            f"registers (got {r.block_m * r.block_n})"
+        )
+    if r.block_m * r.block_n < r.threads:
+        yield "tiling.dbias", (
+            f"block_m x block_n must be at least threads ({r.threads}): one element per thread "
+            f"or more (got {r.block_m * r.block_n})"
+        )
+
+    shapes = spec.test.shapes
+    if not shapes:
+        yield "test.shapes", "must list at least one shape"
+    else:
+        for axis, block in axis_blocks(spec.tiling).items():
+            if all(getattr(s, axis) % block == 0 for s in shapes):
+                yield "test.shapes", (
+                    f"add a shape whose {axis} is not a multiple of {block} (the smallest block "
+                    f"along {axis}), e.g. {{ m = 1000, n = 777, k = 336 }}: tail tiles are where "
+                    "guard bugs hide"
+                )
+        if not any(s.m == s.n == s.k for s in shapes):
+            yield "test.shapes", (
+                "add a square shape (m = n = k), e.g. { m = 333, n = 333, k = 333 }: only there "
+                "do dA and dB have one shape, so the tests can check that swapping them fails"
+            )
+    if not spec.bench.shapes:
+        yield "bench.shapes", "must list at least one shape"
+
+
+def tail_count(shape: MatmulShape, blocks: dict[str, int]) -> int:
+    """How many of the shape's axes end in a partial tile."""
+    return sum(bool(getattr(shape, axis) % block) for axis, block in blocks.items())
+
+
+def flops(m: int, n: int, k: int) -> tuple[int, int]:
+    """(fwd, bwd) FLOPs: one GEMM of 2MNK forward; two of the same size backward (dbias is
+    M x N additions, left out, as cuBLAS counts do)."""
+    return 2 * m * n * k, 4 * m * n * k
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    m: int
+    n: int
+    k: int
+    fwd_flops: int
+    bwd_flops: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    family: str
+    name: str
+    class_name: str
+    source: SourceInfo
+    dtypes: tuple[str, ...]
+    torch_dtypes: tuple[str, ...]
+    bias: bool  # the spec's: whether the public function takes (and differentiates) a bias
+    bias_variants: tuple[bool, ...]  # what the generated tests run: with a bias also without
+    tensor_inputs: tuple[str, ...]  # a, b (, bias)
+    params: str  # the public function's parameters
+    apply_args: str  # what the public function passes to check_inputs and Function.apply
+    kernels: dict[str, KernelPlan]
+    grads: tuple[GradPlan, ...]
+    grad_check_order: tuple[tuple[str, str], ...]  # (label, input) in the order tests assert them
+    saved: tuple[str, ...]  # tensors the forward saves
+    test_cases: tuple[MatmulShape, ...]
+    tail_case: MatmulShape  # the shape with the most tail tiles: strided dC, batched A, ...
+    square_case: MatmulShape  # m = n = k: the swapped-gradient check
+    tolerances: dict[str, Tolerance]
+    bench: MatmulBench
+    bench_cases: tuple[BenchCase, ...]
+    compile_jobs: tuple[CompileJob, ...]
+    smem: dict[str, int]  # GEMM phase -> shared-memory estimate in bytes
+
+
+def plan(spec: Spec, source: SourceInfo) -> Plan:
+    t = spec.tiling
+    bias = spec.matmul.bias
+
+    def kernel(key, factory, phase, summary, grid, tiling):
+        return KernelPlan(f"{spec.name}_{factory}", phase, summary, grid, f"{key.upper()}_TILING",
+                          tiling.model_dump(), None)
+
+    kernels = {
+        "fwd": kernel("fwd", "fwd", "fwd",
+                      "C [M, N] = A [M, K] @ B [K, N] (+ bias [N]), fp32 accumulation, one cast",
+                      "(ceildiv(n, block_n), ceildiv(m, block_m))", t.fwd),
+        "da": kernel("da", "bwd_da", "bwd",
+                     "dA [M, K] = dC [M, N] @ B^T: B's [K, N] tiles read transposed (transpose_B)",
+                     "(ceildiv(k, block_n), ceildiv(m, block_m))", t.da),
+        "db": kernel("db", "bwd_db", "bwd",
+                     "dB [K, N] = A^T @ dC [M, N]: A's [M, K] tiles read transposed (transpose_A)",
+                     "(ceildiv(n, block_n), ceildiv(k, block_m))", t.db),
+    }
+    grads = [
+        GradPlan("da", "a", "direct", "input", "torch.empty",
+                 "one block per output tile over the whole N reduction: written once"),
+        GradPlan("db", "b", "direct", "input", "torch.empty",
+                 "one block per output tile over the whole M reduction: written once"),
+    ]
+    grad_check_order = [("dA", "a"), ("dB", "b")]
+    if bias:
+        kernels["dbias"] = kernel("dbias", "bwd_dbias", "bwd_param",
+                                  "dbias partials: fp32 column sums of dC, one per block_m rows",
+                                  "(ceildiv(n, block_n), ceildiv(m, block_m))", t.dbias)
+        grads.append(GradPlan("dbias", "bias", "split", "float32", "torch.empty",
+                              "one fp32 partial per block of rows, written once, summed on the "
+                              "host in a fixed order (deterministic), then cast"))
+        grad_check_order.append(("dbias", "bias"))
+    tensor_inputs = ("a", "b", "bias") if bias else ("a", "b")
+    require_every_gradient_checked(
+        source.spec_path, tuple(g.input for g in grads), tuple(i for _, i in grad_check_order)
+    )
+
+    blocks = axis_blocks(t)
+    test_cases = spec.test.shapes
+    tail_case = max(test_cases, key=lambda s: tail_count(s, blocks))  # the first of the most
+    square_case = next(s for s in test_cases if s.m == s.n == s.k)  # validation found one
+    bias_variants = (True, False) if bias else (False,)
+    return Plan(
+        family="matmul",
+        name=spec.name,
+        class_name="".join(part.capitalize() for part in spec.name.split("_")) + "Function",
+        source=source,
+        dtypes=spec.dtypes,
+        torch_dtypes=tuple(TORCH_DTYPES[d] for d in spec.dtypes),
+        bias=bias,
+        bias_variants=bias_variants,
+        tensor_inputs=tensor_inputs,
+        params=", ".join(tensor_inputs),
+        apply_args="a, b, bias" if bias else "a, b, None",
+        kernels=kernels,
+        grads=tuple(grads),
+        grad_check_order=tuple(grad_check_order),
+        saved=("a", "b"),
+        test_cases=test_cases,
+        tail_case=tail_case,
+        square_case=square_case,
+        tolerances={d: spec.test.tolerance_for(d) for d in spec.dtypes},
+        bench=spec.bench,
+        bench_cases=tuple(BenchCase(s.m, s.n, s.k, *flops(s.m, s.n, s.k))
+                          for s in spec.bench.shapes),
+        compile_jobs=_compile_jobs(spec, kernels, tail_case, bias_variants),
+        smem={phase: smem_bytes(getattr(t, phase)) for phase in GEMM_PHASES},
+    )
+
+
+def _compile_jobs(spec, kernels, tail_case, bias_variants) -> tuple[CompileJob, ...]:
+    """Every kernel variant the package launches: per dtype at the tail shape (its loads guarded,
+    TMA only where a row is 16-byte aligned), fwd with each bias variant the tests run, dA, dB and
+    dbias; then the benchmark's shapes in its dtype with the spec's bias (block-aligned: the
+    all-TMA, warp-specialized path)."""
+
+    def jobs_for(s, dtype, fwd_biases, tag):
+        size = f"{s.m}x{s.n}x{s.k}"
+        for with_bias in fwd_biases:
+            k = kernels["fwd"]
+            yield CompileJob(k.factory, (s.m, s.n, s.k, dtype, with_bias), k.tiling,
+                             f"fwd {dtype} {size} bias={with_bias}{tag}")
+        for key in ("da", "db"):
+            k = kernels[key]
+            yield CompileJob(k.factory, (s.m, s.n, s.k, dtype), k.tiling,
+                             f"{k.factory.removeprefix(spec.name + '_')} {dtype} {size}{tag}")
+        if "dbias" in kernels:
+            k = kernels["dbias"]
+            yield CompileJob(k.factory, (s.m, s.n, dtype), k.tiling,
+                             f"bwd_dbias {dtype} {s.m}x{s.n}{tag}")
+
+    jobs = []
+    for dtype in spec.dtypes:
+        jobs += jobs_for(tail_case, dtype, bias_variants, "")
+    for s in spec.bench.shapes:
+        jobs += jobs_for(s, spec.bench.dtype, (spec.matmul.bias,), " (bench)")
+    return tuple(jobs)
+
+
+EXPLAIN_SHAPE_KEYS = ("m", "n", "k", "dtype")
+EXPLAIN_REQUIRED_KEYS = ("m", "n", "k")
+
+
+def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]:
+    """The plan for one runtime shape (A [m, k] @ B [k, n]), as titled tables: kernels and grids,
+    saved tensors and their bytes, the gradient buffers, FLOPs."""
+    m, n, k = shape["m"], shape["n"], shape["k"]
+    dtype = shape.get("dtype", p.dtypes[0])
+    _check_shape(p, m, n, k, dtype)
+    elem = DTYPE_BYTES[dtype]
+
+    def ceil(a, b):
+        return -(-a // b)
+
+    def grid(key):
+        tiling = p.kernels[key].tiling
+        cols, rows = {"fwd": (n, m), "da": (k, m), "db": (n, k), "dbias": (n, m)}[key]
+        return ceil(cols, tiling["block_n"]), ceil(rows, tiling["block_m"])
+
+    kernels = [[kp.factory, kp.phase, f"{kp.grid} = {grid(key)}",
+                ", ".join(f"{name}={v}" for name, v in kp.tiling.items()),
+                format_bytes(p.smem[key]) if key in p.smem else "-", kp.summary]
+               for key, kp in p.kernels.items()]
+    sizes = {"a": m * k * elem, "b": k * n * elem}
+    saved = [[name, format_bytes(sizes[name]), "saved"] for name in p.saved]
+    saved.append(["total held between fwd and bwd", format_bytes(sum(sizes.values())), ""])
+    row_blocks = ceil(m, p.kernels["dbias"].tiling["block_m"]) if p.bias else 0
+    buffers = {"da": m * k * elem, "db": k * n * elem, "dbias": row_blocks * n * 4}
+    what = {"direct": "written once (torch.empty)",
+            "split": f"fp32 partials [{row_blocks}, {n}], summed after (torch.empty)"}
+    reductions = [[g.grad, g.reduction, what[g.reduction], format_bytes(buffers[g.grad]), g.note]
+                  for g in p.grads]
+    fwd, bwd = flops(m, n, k)
+    flop_rows = [["forward", f"{fwd / 1e12:.3f} TFLOP", "2 * M * N * K"],
+                 ["backward", f"{bwd / 1e12:.3f} TFLOP", "4 * M * N * K (dA and dB GEMMs)"]]
+    title = f"shape: m={m} n={n} k={k} dtype={dtype} (A [{m}, {k}] @ B [{k}, {n}], bias={p.bias})"
+    return [
+        (title, []),
+        ("kernels", [["factory", "phase", "grid", "tiling", "smem (estimate)", "computes"],
+                     *kernels]),
+        ("saved for backward", [["tensor", "bytes", ""], *saved]),
+        ("gradient reductions", [["grad", "reduction", "buffer", "bytes", "why"], *reductions]),
+        ("FLOPs (what the benchmark divides by)", [["pass", "FLOPs", "count"], *flop_rows]),
+    ]
+
+
+def _check_shape(p: Plan, m: int, n: int, k: int, dtype: str) -> None:
+    """What the generated op's input checks would reject, as an explain error."""
+    problems = []
+    if min(m, n, k) < 1:
+        problems.append("m, n and k must be >= 1")
+    if dtype not in p.dtypes:
+        problems.append(f"dtype must be one of {', '.join(p.dtypes)} (got {dtype!r})")
+    if problems:
+        raise OpgenError("--shape: " + "; ".join(problems))
