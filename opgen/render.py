@@ -16,7 +16,7 @@ from opgen import __version__
 from opgen.errors import SpecError
 from opgen.families import FAMILIES, family_names
 from opgen.plan import SourceInfo
-from opgen.spec import SpecSource, read_spec, validate
+from opgen.spec import read_spec, validate
 
 MANIFEST = "opgen-manifest.json"
 BLACK_MODE = black.Mode(line_length=100)

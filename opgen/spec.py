@@ -11,7 +11,7 @@ import keyword
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, ClassVar, Iterator, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -63,6 +63,23 @@ DEFAULT_TOLERANCES = {
     "float16": Tolerance(rtol=1e-2, atol=1e-2),
     "bfloat16": Tolerance(rtol=2e-2, atol=2e-2),
 }
+
+
+class TestSection(StrictModel):
+    """[test] keys every family shares; families add their `shapes`."""
+
+    default_tolerances: ClassVar[dict[str, Tolerance]] = DEFAULT_TOLERANCES
+    tolerance: dict[Dtype, Tolerance] = {}
+
+    def tolerance_for(self, dtype: str) -> Tolerance:
+        return self.tolerance.get(dtype, self.default_tolerances[dtype])
+
+
+class BenchSection(StrictModel):
+    """[bench] keys every family shares; families add their `shapes` (and dtype)."""
+
+    warmup_ms: PositiveInt = 25
+    rep_ms: PositiveInt = 100
 
 
 class SpecBase(StrictModel):

@@ -26,13 +26,14 @@ from opgen.plan import (
     require_every_gradient_checked,
 )
 from opgen.spec import (
-    DEFAULT_TOLERANCES,
+    BenchSection,
     Dtype,
     GemmTiling,
     PositiveInt,
     RowTiling,
     SpecBase,
     StrictModel,
+    TestSection,
     Tolerance,
     merge_defaults,
 )
@@ -155,16 +156,12 @@ class AttentionTestShape(StrictModel):
     seq_len: PositiveInt
 
 
-class AttentionTest(StrictModel):
+class AttentionTest(TestSection):
     shapes: tuple[AttentionTestShape, ...] = (
         AttentionTestShape(batch=2, heads=4, seq_len=1000),
         AttentionTestShape(batch=1, heads=3, seq_len=77),
     )
     windows: tuple[PositiveInt, ...] = ()  # sliding windows to test (attention.sliding_window)
-    tolerance: dict[Dtype, Tolerance] = {}
-
-    def tolerance_for(self, dtype: str) -> Tolerance:
-        return self.tolerance.get(dtype, DEFAULT_TOLERANCES[dtype])
 
 
 class AttentionBenchShape(StrictModel):
@@ -177,15 +174,13 @@ class AttentionBenchShape(StrictModel):
     window: PositiveInt | None = None
 
 
-class AttentionBench(StrictModel):
+class AttentionBench(BenchSection):
     dtype: Dtype = "float16"
     shapes: tuple[AttentionBenchShape, ...] = (
         AttentionBenchShape(batch=4, heads=16, seq_len=4096, head_dim=128, causal=False),
         AttentionBenchShape(batch=4, heads=16, seq_len=4096, head_dim=128, causal=True),
         AttentionBenchShape(batch=4, heads=16, seq_len=4096, head_dim=64, causal=False),
     )
-    warmup_ms: PositiveInt = 25
-    rep_ms: PositiveInt = 100
 
 
 class Spec(SpecBase):

@@ -32,12 +32,14 @@ from opgen.plan import (
     require_every_gradient_checked,
 )
 from opgen.spec import (
+    BenchSection,
     Block,
     Dtype,
     PositiveInt,
     SpecBase,
     Stages,
     StrictModel,
+    TestSection,
     Threads,
     Tolerance,
     merge_defaults,
@@ -180,22 +182,17 @@ def _shapes(triples) -> tuple[MatmulShape, ...]:
     return tuple(MatmulShape(m=m, n=n, k=k) for m, n, k in triples)
 
 
-class MatmulTest(StrictModel):
+class MatmulTest(TestSection):
     # Keep sizes that are not a multiple of any block (tail tiles are where guard bugs hide), a
     # skinny one or two, and a square one (m = n = k: only there do dA and dB have one shape, so
     # the tests can check that swapping them fails).
     shapes: tuple[MatmulShape, ...] = _shapes(DEFAULT_TEST_SHAPES)
-    tolerance: dict[Dtype, Tolerance] = {}
-
-    def tolerance_for(self, dtype: str) -> Tolerance:
-        return self.tolerance.get(dtype, DEFAULT_TOLERANCES[dtype])
+    default_tolerances = DEFAULT_TOLERANCES
 
 
-class MatmulBench(StrictModel):
+class MatmulBench(BenchSection):
     dtype: Dtype = "bfloat16"
     shapes: tuple[MatmulShape, ...] = _shapes(DEFAULT_BENCH_SHAPES)
-    warmup_ms: PositiveInt = 25
-    rep_ms: PositiveInt = 100
 
 
 class Spec(SpecBase):

@@ -36,12 +36,14 @@ from opgen.plan import (
     require_every_gradient_checked,
 )
 from opgen.spec import (
-    DEFAULT_TOLERANCES,
+    BenchSection,
     Block,
+    DEFAULT_TOLERANCES,
     Dtype,
     PositiveInt,
     SpecBase,
     StrictModel,
+    TestSection,
     Threads,
     Tolerance,
     merge_defaults,
@@ -159,14 +161,10 @@ class RmsnormTiling(StrictModel):
         return merge_defaults(data, DEFAULT_TILING)
 
 
-class RmsnormTest(StrictModel):
+class RmsnormTest(TestSection):
     # Any x shapes [..., C]. Keep sizes that are not a multiple of any block (rows and C): tail
     # blocks are where guard bugs hide.
     shapes: tuple[Shape, ...] = DEFAULT_TEST_SHAPES
-    tolerance: dict[Dtype, Tolerance] = {}
-
-    def tolerance_for(self, dtype: str) -> Tolerance:
-        return self.tolerance.get(dtype, DEFAULT_TOLERANCES[dtype])
 
 
 class RmsnormBenchShape(StrictModel):
@@ -176,12 +174,10 @@ class RmsnormBenchShape(StrictModel):
     channels: PositiveInt
 
 
-class RmsnormBench(StrictModel):
+class RmsnormBench(BenchSection):
     dtype: Dtype = "bfloat16"
     # A Llama-sized activation: 16384 tokens x 4096 channels.
     shapes: tuple[RmsnormBenchShape, ...] = (RmsnormBenchShape(rows=16384, channels=4096),)
-    warmup_ms: PositiveInt = 25
-    rep_ms: PositiveInt = 100
 
 
 class Spec(SpecBase):

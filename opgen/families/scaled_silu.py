@@ -32,12 +32,14 @@ from opgen.plan import (
     require_every_gradient_checked,
 )
 from opgen.spec import (
-    DEFAULT_TOLERANCES,
+    BenchSection,
     Block,
+    DEFAULT_TOLERANCES,
     Dtype,
     PositiveInt,
     SpecBase,
     StrictModel,
+    TestSection,
     Threads,
     Tolerance,
     merge_defaults,
@@ -147,14 +149,10 @@ class ScaledSiluTiling(StrictModel):
         return merge_defaults(data, DEFAULT_TILING)
 
 
-class ScaledSiluTest(StrictModel):
+class ScaledSiluTest(TestSection):
     # Any shapes; with channel weights the last dim is C. Keep sizes that are not a multiple of any
     # block: tail blocks are where guard bugs hide.
     shapes: tuple[Shape, ...] = ((3, 1000, 77), (4097,), (64, 1024))
-    tolerance: dict[Dtype, Tolerance] = {}
-
-    def tolerance_for(self, dtype: str) -> Tolerance:
-        return self.tolerance.get(dtype, DEFAULT_TOLERANCES[dtype])
 
 
 class ScaledSiluBenchShape(StrictModel):
@@ -164,12 +162,10 @@ class ScaledSiluBenchShape(StrictModel):
     channels: PositiveInt
 
 
-class ScaledSiluBench(StrictModel):
+class ScaledSiluBench(BenchSection):
     dtype: Dtype = "float16"
     # One 64M-element tensor: large enough to measure HBM bandwidth, not the launch.
     shapes: tuple[ScaledSiluBenchShape, ...] = (ScaledSiluBenchShape(rows=8192, channels=8192),)
-    warmup_ms: PositiveInt = 25
-    rep_ms: PositiveInt = 100
 
 
 class Spec(SpecBase):
