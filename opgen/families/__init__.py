@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from opgen.families import attention, matmul, rmsnorm, scaled_silu
+from opgen.families import attention, linear_attention, matmul, rmsnorm, scaled_silu
 
 FAMILIES: dict[str, ModuleType] = {"attention": attention, "scaled_silu": scaled_silu,
-                                 "rmsnorm": rmsnorm, "matmul": matmul}
+                                 "rmsnorm": rmsnorm, "matmul": matmul,
+                                 "linear_attention": linear_attention}
 
 
 def family_names() -> list[str]:

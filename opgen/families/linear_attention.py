@@ -1,0 +1,489 @@
+"""Causal linear attention without normalisation, forward and backward (seed 000's "Linear
+Attention Backward": one monolithic backward kernel, every gradient an fp32 atomic target).
+
+    O_t = scale * sum_{s <= t} (q_t . k_s) v_s
+
+q, k are [B, S, H, Dk], v is [B, S, H, Dv] (layout bshd), fp16 or bf16; every product accumulates
+in fp32. Both kernels walk the sequence in chunks of `chunk` rows with a running state:
+
+- forward, one block per (batch x head, Dv tile), all of Dk: per chunk O = mask(Q K^T) V + Q S,
+  then S += K^T V (S [Dk, Dv tile] in fp32 registers). Each O element is written once.
+- backward, one block per (batch x head, Dk tile, Dv tile): a forward loop gives dQ = mask(dO V^T)
+  K + dO S^T with S^T += V^T K; a reverse loop gives dK = mask'(V dO^T) Q + V dS^T and dV =
+  mask'(K Q^T) dO + K dS with dS += Q^T dO (mask: t >= s, mask': s <= t). A block only sees one Dk
+  and one Dv tile, so dQ and dK are sums over the Dv tiles and dV over the Dk tiles: all three are
+  fp32 atomic targets zeroed by the host, cast to the input dtype after (Tensor.to).
+
+The forward saves only q, k, v: the states are recomputed by the backward, never stored (they
+would take Dk x Dv x 4 bytes per chunk and head). scale is a compile-time constant of the package:
+1/sqrt(Dk) (spec scale = "rsqrt_dk", as flash-linear-attention) or 1 ("none").
+
+Spec section, validation beyond field types, and plan(): kernels and grids, gradient buffers,
+the test matrix, the compile jobs and the FLOP counts the benchmark divides by.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import model_validator
+
+from opgen.errors import OpgenError
+from opgen.plan import (
+    DTYPE_BYTES,
+    SM90_SMEM_LIMIT,
+    TORCH_DTYPES,
+    CompileJob,
+    GradPlan,
+    KernelPlan,
+    SourceInfo,
+    format_bytes,
+    require_every_gradient_checked,
+)
+from opgen.spec import (
+    BenchSection,
+    Block,
+    Dtype,
+    PositiveInt,
+    SpecBase,
+    Stages,
+    StrictModel,
+    TestSection,
+    Threads,
+    Tolerance,
+    merge_defaults,
+)
+
+DESCRIPTION = (
+    "causal linear attention without normalisation (bshd): chunked fwd with a running fp32 state; "
+    "one monolithic bwd, dQ/dK/dV fp32 atomics"
+)
+
+# Templates per output file; "{name}" is the spec's name.
+TEMPLATES = {
+    "__init__.py": "linear_attention/__init__.py.jinja",
+    "kernels.py": "linear_attention/kernels.py.jinja",
+    "autograd.py": "linear_attention/autograd.py.jinja",
+    "reference.py": "linear_attention/reference.py.jinja",
+    "test_{name}.py": "linear_attention/test_op.py.jinja",
+    "bench_{name}.py": "linear_attention/bench_op.py.jinja",
+}
+
+# The forward keeps the whole Dk of q and k in shared memory and a [Dk, block_dv] fp32 state in
+# registers: head dims above this are refused (by the spec's shapes and at run time).
+MAX_HEAD_DIM = 256
+# Tiles are padded to whole MMA steps of 16 (the padding loads as zeros).
+MMA_STEP = 16
+WARPGROUP_THREADS = 128
+
+
+def tile_width(dim: int, block: int) -> int:
+    """The width of a head-dim tile: block, or dim rounded up to 16 when that is smaller. The same
+    rule is in the generated kernels.py."""
+    return min(block, -(-dim // MMA_STEP) * MMA_STEP)
+
+
+class FwdTiling(StrictModel):
+    """A block walks the sequence in chunks of `chunk` rows for one Dv tile of block_dv columns."""
+
+    chunk: Block
+    block_dv: Block
+    threads: Threads
+    num_stages: Stages
+
+
+class BwdTiling(StrictModel):
+    """A block walks the sequence (forward, then in reverse) in chunks of `chunk` rows for one
+    block_dk x block_dv tile of the state."""
+
+    chunk: Block
+    block_dk: Block
+    block_dv: Block
+    threads: Threads
+    num_stages: Stages
+
+
+# TileLang's linear-attention examples: chunks of 64, 64-wide head-dim tiles, one warpgroup,
+# a plain (not software-pipelined) loop without warp specialization: the loads are guarded
+# element-wise copies (any S, Dk, Dv), not TMA.
+DEFAULT_TILING = {
+    "fwd": FwdTiling(chunk=64, block_dv=64, threads=128, num_stages=0),
+    "bwd": BwdTiling(chunk=64, block_dk=64, block_dv=64, threads=128, num_stages=0),
+}
+
+# Outputs grow with S (a sum over every earlier position, no normalisation), and the kernels round
+# the running state and the masked chunk scores to fp16/bf16 before each product: atol is a
+# fraction of the largest |reference| of the tensor compared, as in matmul, and looser than
+# softmax attention's. A doubled, zeroed, sign-flipped or swapped gradient is off by about the
+# size of the tensor itself and fails.
+DEFAULT_TOLERANCES = {
+    "float16": Tolerance(rtol=1e-2, atol=5e-3),
+    "bfloat16": Tolerance(rtol=2e-2, atol=1.5e-2),
+}
+
+DEFAULT_TEST_SHAPES = ((2, 1000, 4, 64, 64), (1, 77, 2, 64, 128), (1, 200, 3, 40, 24))
+DEFAULT_BENCH_SHAPES = ((8, 4096, 16, 128, 128),)
+
+SCALES = {"rsqrt_dk": "1 / sqrt(Dk)", "none": "1"}
+
+# `opgen new <scaffold>`: the data each commented scaffold is rendered from.
+SCAFFOLDS = {
+    "linear_attention": {
+        "title": "causal linear attention (no normalisation), chunked fwd, monolithic atomic bwd",
+        "scale": "rsqrt_dk",
+        "shapes": DEFAULT_TEST_SHAPES,
+        "bench_dtype": "bfloat16",
+        "bench": DEFAULT_BENCH_SHAPES,
+        "tiling": {phase: t.model_dump() for phase, t in DEFAULT_TILING.items()},
+        "tolerance": {dtype: t.model_dump() for dtype, t in DEFAULT_TOLERANCES.items()},
+    },
+}
+
+
+class LinearAttentionSection(StrictModel):
+    # O = scale * causal((q k^T)) v: "rsqrt_dk" 1/sqrt(Dk), "none" 1.
+    scale: Literal["rsqrt_dk", "none"] = "rsqrt_dk"
+
+
+class Grad(StrictModel):
+    # Checked in problems() with the reason: a plain Literal would only list "atomic".
+    reduction: str = "atomic"
+
+
+class LinearAttentionGrads(StrictModel):
+    dq: Grad = Grad()
+    dk: Grad = Grad()
+    dv: Grad = Grad()
+
+
+class Saved(StrictModel):
+    # What the forward keeps besides q, k, v: nothing; the backward recomputes the states.
+    states: str = "recompute"
+
+
+class LinearAttentionTiling(StrictModel):
+    fwd: FwdTiling
+    bwd: BwdTiling
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        return merge_defaults(data, DEFAULT_TILING)
+
+
+class Shape(StrictModel):
+    """One problem: q, k [batch, seq_len, heads, dim_k], v [batch, seq_len, heads, dim_v]."""
+
+    batch: PositiveInt
+    seq_len: PositiveInt
+    heads: PositiveInt
+    dim_k: PositiveInt
+    dim_v: PositiveInt
+
+    @property
+    def id(self) -> str:
+        return f"b{self.batch}-s{self.seq_len}-h{self.heads}-dk{self.dim_k}-dv{self.dim_v}"
+
+    @property
+    def args(self) -> tuple[int, int, int, int, int]:
+        return self.batch, self.seq_len, self.heads, self.dim_k, self.dim_v
+
+
+def _shapes(rows) -> tuple[Shape, ...]:
+    return tuple(Shape(batch=b, seq_len=s, heads=h, dim_k=dk, dim_v=dv) for b, s, h, dk, dv in rows)
+
+
+class LinearAttentionTest(TestSection):
+    # Keep a seq_len that is not a multiple of the chunk (the tail chunk is where guard bugs
+    # hide), Dv above block_dv (more than one Dv tile: dQ/dK atomics from several blocks) and a
+    # head dim that is not a multiple of 16 (padded tiles).
+    shapes: tuple[Shape, ...] = _shapes(DEFAULT_TEST_SHAPES)
+    default_tolerances = DEFAULT_TOLERANCES
+
+
+class LinearAttentionBench(BenchSection):
+    dtype: Dtype = "bfloat16"
+    shapes: tuple[Shape, ...] = _shapes(DEFAULT_BENCH_SHAPES)
+
+
+class Spec(SpecBase):
+    family: Literal["linear_attention"]
+    linear_attention: LinearAttentionSection = LinearAttentionSection()
+    grads: LinearAttentionGrads = LinearAttentionGrads()
+    saved: Saved = Saved()
+    tiling: LinearAttentionTiling = LinearAttentionTiling.model_validate({})
+    test: LinearAttentionTest = LinearAttentionTest()
+    bench: LinearAttentionBench = LinearAttentionBench()
+
+    def problems(self):
+        yield from super().problems()
+        yield from _problems(self)
+
+
+def smem_bytes(phase: str, tiling: dict[str, int], dim_k: int, dim_v: int) -> int:
+    """Shared memory of a kernel (16-bit tiles): fwd q, k [chunk, Dk], v [chunk, bv], the masked
+    scores [chunk, chunk] and the state [Dk, bv]; bwd q, k [chunk, bk], v, dO [chunk, bv], two
+    masked score tiles and the two states [bk, bv]. The compile check reads the real number."""
+    c = tiling["chunk"]
+    if phase == "fwd":
+        dk, bv = tile_width(dim_k, 1 << 30), tile_width(dim_v, tiling["block_dv"])
+        return 2 * (2 * c * dk + c * bv + c * c + dk * bv)
+    bk, bv = tile_width(dim_k, tiling["block_dk"]), tile_width(dim_v, tiling["block_dv"])
+    return 2 * (2 * c * bk + 2 * c * bv + 2 * c * c + 2 * bk * bv)
+
+
+def _problems(spec: Spec):
+    for name in ("dq", "dk", "dv"):
+        got = getattr(spec.grads, name).reduction
+        if got != "atomic":
+            yield f"grads.{name}.reduction", (
+                "must be atomic (got %r): a backward block sees one Dk and one Dv tile of the "
+                "state, so every gradient is a sum over blocks, added in fp32 with atomics "
+                "(linear_attention has no split variant)" % got
+            )
+    if spec.saved.states != "recompute":
+        yield "saved.states", (
+            f"must be recompute (got {spec.saved.states!r}): the forward saves q, k, v only; "
+            "the backward recomputes the running states chunk by chunk"
+        )
+    for phase in ("fwd", "bwd"):
+        t = getattr(spec.tiling, phase)
+        where = f"tiling.{phase}"
+        if t.threads % WARPGROUP_THREADS:
+            yield f"{where}.threads", (
+                f"must be a multiple of {WARPGROUP_THREADS} (whole warpgroups for WGMMA) "
+                f"(got {t.threads})"
+            )
+        if t.chunk < 64:
+            yield f"{where}.chunk", (
+                f"must be at least 64: WGMMA computes 64-row slices of the chunk's products "
+                f"(got {t.chunk})"
+            )
+        need = smem_bytes(phase, t.model_dump(), MAX_HEAD_DIM, MAX_HEAD_DIM)
+        if need > SM90_SMEM_LIMIT:
+            yield where, (
+                f"needs {need // 1024} KB of shared memory at head dims of {MAX_HEAD_DIM}, over "
+                f"the sm_90 limit of {SM90_SMEM_LIMIT // 1024} KB; lower chunk or the blocks"
+            )
+    shapes = spec.test.shapes
+    chunks = sorted({spec.tiling.fwd.chunk, spec.tiling.bwd.chunk})
+    if not shapes:
+        yield "test.shapes", "must list at least one shape"
+    else:
+        for chunk in chunks:
+            if all(s.seq_len % chunk == 0 for s in shapes):
+                yield "test.shapes", (
+                    f"add a shape whose seq_len is not a multiple of {chunk} (a chunk), e.g. "
+                    "{ batch = 2, seq_len = 1000, heads = 4, dim_k = 64, dim_v = 64 }: the tail "
+                    "chunk is where guard bugs hide"
+                )
+        bv = spec.tiling.bwd.block_dv
+        if not any(s.dim_v > bv for s in shapes):
+            yield "test.shapes", (
+                f"add a shape with dim_v above tiling.bwd.block_dv ({bv}), e.g. dim_v = "
+                f"{2 * bv}: only then do several blocks add into one dQ and dK element"
+            )
+    for where, group in (("test.shapes", shapes), ("bench.shapes", spec.bench.shapes)):
+        for i, s in enumerate(group):
+            for dim in ("dim_k", "dim_v"):
+                if getattr(s, dim) > MAX_HEAD_DIM:
+                    yield f"{where}.{i}.{dim}", (
+                        f"must be at most {MAX_HEAD_DIM} (the forward holds all of Dk in shared "
+                        f"memory) (got {getattr(s, dim)})"
+                    )
+    if not spec.bench.shapes:
+        yield "bench.shapes", "must list at least one shape"
+    if spec.dtypes and spec.bench.dtype not in spec.dtypes:
+        yield "bench.dtype", (
+            f"must be one of the built dtypes {', '.join(spec.dtypes)} (got {spec.bench.dtype!r})"
+        )
+
+
+def flops(batch: int, seq_len: int, heads: int, dim_k: int, dim_v: int, chunk: int
+          ) -> tuple[int, int]:
+    """(fwd, bwd) FLOPs of the chunked algorithm (what the kernels compute, causal mask
+    included as dense chunk products). Per chunk and head, fwd: Q K^T and the masked scores @ V
+    (2 C^2 (Dk + Dv)), Q S and K^T V (4 C Dk Dv). bwd: three times that (dQ loop: dO V^T, @ K,
+    dO S^T, V^T K; reverse loop: V dO^T, @ Q, V dS^T, K Q^T, @ dO, K dS, Q^T dO)."""
+    chunks = -(-seq_len // chunk)
+    per_chunk = 2 * chunk * chunk * (dim_k + dim_v) + 4 * chunk * dim_k * dim_v
+    fwd = batch * heads * chunks * per_chunk
+    return fwd, 3 * fwd
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    shape: Shape
+    fwd_flops: int
+    bwd_flops: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    family: str
+    name: str
+    class_name: str
+    source: SourceInfo
+    dtypes: tuple[str, ...]
+    torch_dtypes: tuple[str, ...]
+    scale: str  # the spec's: rsqrt_dk | none
+    scale_expr: str  # the scale as code over dim_k
+    max_head_dim: int
+    kernels: dict[str, KernelPlan]
+    grads: tuple[GradPlan, ...]
+    grad_check_order: tuple[tuple[str, str], ...]  # (label, input) in the order tests assert them
+    saved: tuple[str, ...]
+    recomputed: tuple[str, ...]
+    test_cases: tuple[Shape, ...]
+    tail_case: Shape  # seq_len not a multiple of the chunk, most Dv tiles: atomics, double run
+    tolerances: dict[str, Tolerance]
+    bench: LinearAttentionBench
+    bench_cases: tuple[BenchCase, ...]
+    bench_chunk: int  # the chunk the benchmark's PyTorch chunked baseline uses (the fwd's)
+    compile_jobs: tuple[CompileJob, ...]
+
+
+def plan(spec: Spec, source: SourceInfo) -> Plan:
+    t = spec.tiling
+    kernels = {
+        "fwd": KernelPlan(
+            f"{spec.name}_fwd", "fwd",
+            "O = scale * (mask(Q K^T) V + Q S) per chunk, S += K^T V (fp32 state, all of Dk, one "
+            "Dv tile); O written once",
+            "(ceildiv(dim_v, block_dv), batch * heads)", "FWD_TILING", t.fwd.model_dump(), None),
+        "bwd": KernelPlan(
+            f"{spec.name}_bwd", "bwd",
+            "dQ over the chunks forward (state V^T K), then dK and dV in reverse (state Q^T dO), "
+            "one Dk x Dv tile a block; fp32 atomic adds into zeroed dQ, dK, dV",
+            "(ceildiv(dim_v, block_dv), ceildiv(dim_k, block_dk), batch * heads)", "BWD_TILING",
+            t.bwd.model_dump(), None),
+    }
+    notes = {
+        "dq": "summed over the Dv tiles: one fp32 atomic add per Dv tile and element into a "
+              "zeroed buffer, cast to q's dtype after",
+        "dk": "summed over the Dv tiles: one fp32 atomic add per Dv tile and element, cast after",
+        "dv": "summed over the Dk tiles: one fp32 atomic add per Dk tile and element, cast after",
+    }
+    grads = tuple(GradPlan(g, g[1], "atomic", "float32", "torch.zeros", notes[g])
+                  for g in ("dq", "dk", "dv"))
+    # Seed 000: the forward first, then dV and dK before the most atomic-prone dQ.
+    grad_check_order = (("dV", "v"), ("dK", "k"), ("dQ", "q"))
+    require_every_gradient_checked(
+        source.spec_path, tuple(g.input for g in grads), tuple(i for _, i in grad_check_order)
+    )
+    test_cases = spec.test.shapes
+    tail_case = max(test_cases, key=lambda s: (
+        s.seq_len % t.fwd.chunk != 0 or s.seq_len % t.bwd.chunk != 0,
+        -(-s.dim_v // t.bwd.block_dv) + -(-s.dim_k // t.bwd.block_dk)))
+    return Plan(
+        family="linear_attention",
+        name=spec.name,
+        class_name="".join(part.capitalize() for part in spec.name.split("_")) + "Function",
+        source=source,
+        dtypes=spec.dtypes,
+        torch_dtypes=tuple(TORCH_DTYPES[d] for d in spec.dtypes),
+        scale=spec.linear_attention.scale,
+        scale_expr="dim_k ** -0.5" if spec.linear_attention.scale == "rsqrt_dk" else "1.0",
+        max_head_dim=MAX_HEAD_DIM,
+        kernels=kernels,
+        grads=grads,
+        grad_check_order=grad_check_order,
+        saved=("q", "k", "v"),
+        recomputed=("the running states S = K^T V (dQ loop) and dS = Q^T dO (dK/dV loop)",),
+        test_cases=test_cases,
+        tail_case=tail_case,
+        tolerances={d: spec.test.tolerance_for(d) for d in spec.dtypes},
+        bench=spec.bench,
+        bench_cases=tuple(BenchCase(s, *flops(*s.args, t.fwd.chunk)) for s in spec.bench.shapes),
+        bench_chunk=t.fwd.chunk,
+        compile_jobs=_compile_jobs(spec, kernels),
+    )
+
+
+def _scale(spec: Spec, dim_k: int) -> float:
+    return dim_k ** -0.5 if spec.linear_attention.scale == "rsqrt_dk" else 1.0
+
+
+def _compile_jobs(spec: Spec, kernels: dict[str, KernelPlan]) -> tuple[CompileJob, ...]:
+    """Every kernel instance the generated tests launch (each test shape, each dtype: fwd and
+    bwd), then the benchmark's shapes in its dtype."""
+
+    def jobs_for(s: Shape, dtype: str, tag: str):
+        args = (*s.args, dtype, _scale(spec, s.dim_k))
+        size = "x".join(map(str, s.args))
+        for key in ("fwd", "bwd"):
+            k = kernels[key]
+            yield CompileJob(k.factory, args, k.tiling, f"{key} {dtype} {size}{tag}")
+
+    jobs = []
+    for dtype in spec.dtypes:
+        for s in spec.test.shapes:
+            jobs += jobs_for(s, dtype, "")
+    for s in spec.bench.shapes:
+        jobs += jobs_for(s, spec.bench.dtype, " (bench)")
+    return tuple(jobs)
+
+
+EXPLAIN_SHAPE_KEYS = ("batch", "seq_len", "heads", "dim_k", "dim_v", "dtype")
+EXPLAIN_REQUIRED_KEYS = ("batch", "seq_len", "heads", "dim_k", "dim_v")
+
+
+def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]:
+    """The plan for one runtime shape, as titled tables: kernels, grids and shared memory, saved
+    tensors and their bytes, the atomic gradient buffers, FLOPs."""
+    b, s, h, dk, dv = (shape[k] for k in EXPLAIN_REQUIRED_KEYS)
+    dtype = shape.get("dtype", p.dtypes[0])
+    _check_shape(p, b, s, h, dk, dv, dtype)
+    elem = DTYPE_BYTES[dtype]
+
+    def ceil(a, c):
+        return -(-a // c)
+
+    fwd_t, bwd_t = p.kernels["fwd"].tiling, p.kernels["bwd"].tiling
+    k_tiles = ceil(dk, tile_width(dk, bwd_t["block_dk"]))
+    v_tiles = ceil(dv, tile_width(dv, bwd_t["block_dv"]))
+    grids = {"fwd": (ceil(dv, tile_width(dv, fwd_t["block_dv"])), b * h),
+             "bwd": (v_tiles, k_tiles, b * h)}
+    kernels = [[k.factory, k.phase, f"{k.grid} = {grids[key]}",
+                ", ".join(f"{n}={v}" for n, v in k.tiling.items()),
+                format_bytes(smem_bytes(key, k.tiling, dk, dv)), k.summary]
+               for key, k in p.kernels.items()]
+    sizes = {"q": b * s * h * dk * elem, "k": b * s * h * dk * elem, "v": b * s * h * dv * elem}
+    saved = [[name, format_bytes(sizes[name]), "saved"] for name in p.saved]
+    saved += [[what, "0 B", "recomputed in backward"] for what in p.recomputed]
+    saved.append(["total held between fwd and bwd", format_bytes(sum(sizes.values())), ""])
+    per_element = {"dq": v_tiles, "dk": v_tiles, "dv": k_tiles}
+    dims = {"dq": dk, "dk": dk, "dv": dv}
+    reductions = [[g.grad, g.reduction, "fp32 atomic target (torch.zeros), .to(dtype) after",
+                   format_bytes(4 * b * s * h * dims[g.grad]),
+                   f"{per_element[g.grad] * b * s * h * dims[g.grad]} ({per_element[g.grad]} per "
+                   "address)", g.note] for g in p.grads]
+    fwd, bwd = flops(b, s, h, dk, dv, fwd_t["chunk"])
+    flop_rows = [["forward", f"{fwd / 1e12:.3f} TFLOP",
+                  "B H ceil(S/C) (2 C^2 (Dk + Dv) + 4 C Dk Dv), C = chunk"],
+                 ["backward", f"{bwd / 1e12:.3f} TFLOP", "3 x forward"]]
+    title = (f"shape: batch={b} seq_len={s} heads={h} dim_k={dk} dim_v={dv} dtype={dtype} "
+             f"(scale {SCALES[p.scale]})")
+    return [
+        (title, []),
+        ("kernels", [["factory", "phase", "grid", "tiling", "smem (estimate)", "computes"],
+                     *kernels]),
+        ("saved for backward", [["tensor", "bytes", ""], *saved]),
+        ("gradient reductions",
+         [["grad", "reduction", "buffer", "bytes", "atomics", "why"], *reductions]),
+        ("FLOPs (what the benchmark divides by)", [["pass", "FLOPs", "count"], *flop_rows]),
+    ]
+
+
+def _check_shape(p: Plan, b: int, s: int, h: int, dk: int, dv: int, dtype: str) -> None:
+    """What the generated op's input checks would reject, as an explain error."""
+    problems = []
+    if min(b, s, h, dk, dv) < 1:
+        problems.append("batch, seq_len, heads, dim_k and dim_v must be >= 1")
+    if max(dk, dv) > p.max_head_dim:
+        problems.append(f"dim_k and dim_v must be at most {p.max_head_dim} (got {dk}, {dv})")
+    if dtype not in p.dtypes:
+        problems.append(f"dtype must be one of {', '.join(p.dtypes)} (got {dtype!r})")
+    if problems:
+        raise OpgenError("--shape: " + "; ".join(problems))
