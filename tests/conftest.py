@@ -15,6 +15,12 @@ from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
+import textwrap
+from opgen import __version__
+from opgen.errors import SpecError
+from opgen.plan import SourceInfo
+from opgen.render import load_plan
+from opgen.spec import read_spec, validate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TESTS_DIR = REPO_ROOT / "tests"
@@ -122,3 +128,27 @@ def run_opgen():
         )
 
     return run
+
+
+# --- spec helpers shared by the family test modules ------------------------------------------------
+
+
+def write_spec(project: Path, text: str, name: str = "x") -> Path:
+    """Write specs/<name>.toml in a project; returns its path."""
+    path = project / "specs" / f"{name}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def plan_from(family, project: Path, text: str):
+    """Validate a spec with a family's model and plan it, as `opgen build` would."""
+    spec = validate(family.Spec, read_spec(write_spec(project, text)))
+    return family.plan(spec, SourceInfo("specs/x.toml", "0" * 64, __version__))
+
+
+def spec_problems(project: Path, text: str) -> list[tuple[str, str]]:
+    """The problems load_plan reports for a spec, as (field path, message)."""
+    with pytest.raises(SpecError) as info:
+        load_plan(write_spec(project, text))
+    return info.value.problems

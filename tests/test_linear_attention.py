@@ -5,16 +5,14 @@ proof of the chunked recurrences the kernels implement (independent of TileLang)
 from __future__ import annotations
 
 import dataclasses
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, plan_from, spec_problems as problems, write_spec as write
 
-from opgen import __version__
-from opgen.errors import OpgenError, SpecError
+from opgen.errors import OpgenError
 from opgen.families import FAMILIES, linear_attention
 from opgen.families.linear_attention import (
     DEFAULT_TILING,
@@ -22,33 +20,22 @@ from opgen.families.linear_attention import (
     Spec,
     explain,
     flops,
-    plan,
     smem_bytes,
     tile_width,
 )
-from opgen.plan import SM90_SMEM_LIMIT, SourceInfo
-from opgen.render import environment, generate, load_plan
+from opgen.plan import SM90_SMEM_LIMIT
+from opgen.render import environment, generate
 from opgen.spec import read_spec, validate
 
 MINIMAL = 'name = "x"\nfamily = "linear_attention"\n'
 
 
-def write(project: Path, text: str, name: str = "x") -> Path:
-    path = project / "specs" / f"{name}.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(text), encoding="utf-8")
-    return path
 
 
 def plan_of(project: Path, text: str = MINIMAL) -> linear_attention.Plan:
-    spec = validate(Spec, read_spec(write(project, text)))
-    return plan(spec, SourceInfo("specs/x.toml", "0" * 64, __version__))
+    return plan_from(linear_attention, project, text)
 
 
-def problems(project: Path, text: str) -> list[tuple[str, str]]:
-    with pytest.raises(SpecError) as info:
-        load_plan(write(project, text))
-    return info.value.problems
 
 
 # --- registry and defaults ------------------------------------------------------------------------

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, plan_from, spec_problems as problems, write_spec as write
 
-from opgen import __version__
-from opgen.errors import OpgenError, SpecError
+from opgen.errors import OpgenError
 from opgen.families import FAMILIES, matmul
 from opgen.families.matmul import (
     DEFAULT_TILING,
@@ -24,12 +22,11 @@ from opgen.families.matmul import (
     axis_blocks,
     explain,
     flops,
-    plan,
     smem_bytes,
     wgmma_warps,
 )
-from opgen.plan import SM90_SMEM_LIMIT, SourceInfo
-from opgen.render import environment, generate, load_plan
+from opgen.plan import SM90_SMEM_LIMIT
+from opgen.render import environment, generate
 from opgen.spec import read_spec, validate
 
 MINIMAL = 'name = "x"\nfamily = "matmul"\n'
@@ -37,23 +34,12 @@ BIAS = MINIMAL + "[matmul]\nbias = true\n"
 BIAS_BF16 = MINIMAL + 'dtypes = ["bfloat16"]\n[matmul]\nbias = true\n'
 
 
-def write(project: Path, text: str, name: str = "x") -> Path:
-    path = project / "specs" / f"{name}.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(text), encoding="utf-8")
-    return path
 
 
 def plan_of(project: Path, text: str = MINIMAL) -> matmul.Plan:
-    spec = validate(Spec, read_spec(write(project, text)))
-    return plan(spec, SourceInfo("specs/x.toml", "0" * 64, __version__))
+    return plan_from(matmul, project, text)
 
 
-def problems(project: Path, text: str) -> list[tuple[str, str]]:
-    """The problems load_plan reports for a spec, as (field path, message)."""
-    with pytest.raises(SpecError) as info:
-        load_plan(write(project, text))
-    return info.value.problems
 
 
 # --- registry and defaults ------------------------------------------------------------------------

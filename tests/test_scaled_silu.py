@@ -6,42 +6,28 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, plan_from, spec_problems as problems, write_spec as write
 
-from opgen import __version__
-from opgen.errors import OpgenError, SpecError
+from opgen.errors import OpgenError
 from opgen.families import FAMILIES, scaled_silu
-from opgen.families.scaled_silu import DEFAULT_TILING, Spec, bytes_moved, explain, matrix, plan, tile
-from opgen.plan import SourceInfo
-from opgen.render import environment, generate, load_plan
+from opgen.families.scaled_silu import DEFAULT_TILING, Spec, bytes_moved, explain, matrix, tile
+from opgen.render import environment, generate
 from opgen.spec import DEFAULT_TOLERANCES, read_spec, validate
 
 MINIMAL = 'name = "x"\nfamily = "scaled_silu"\n'
 CHANNEL = MINIMAL + '[scaled_silu]\nweight = "channel"\n'
 
 
-def write(project: Path, text: str, name: str = "x") -> Path:
-    path = project / "specs" / f"{name}.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(text), encoding="utf-8")
-    return path
 
 
 def plan_of(project: Path, text: str = MINIMAL) -> scaled_silu.Plan:
-    spec = validate(Spec, read_spec(write(project, text)))
-    return plan(spec, SourceInfo("specs/x.toml", "0" * 64, __version__))
+    return plan_from(scaled_silu, project, text)
 
 
-def problems(project: Path, text: str) -> list[tuple[str, str]]:
-    """The problems load_plan reports for a spec, as (field path, message)."""
-    with pytest.raises(SpecError) as info:
-        load_plan(write(project, text))
-    return info.value.problems
 
 
 def fields(project: Path, text: str) -> list[str]:
