@@ -401,10 +401,6 @@ class Plan:
     def atomic_grads(self) -> tuple[GradPlan, ...]:
         return tuple(g for g in self.grads if g.reduction == "atomic")
 
-    @property
-    def split_grads(self) -> tuple[GradPlan, ...]:
-        return tuple(g for g in self.grads if g.reduction == "split")
-
 
 def visible_pairs(seq_len: int, causal: bool, window: int | None) -> int:
     """(query, key) pairs that attention computes: the FLOP count is 4 * D per pair per head."""
