@@ -6,11 +6,13 @@
 
 TFLOP/s of the same FLOP count for every implementation: the chunked algorithm's (chunk 64),
 fwd B H ceil(S/C) (2 C^2 (Dk + Dv) + 4 C Dk Dv), bwd 3x that. Baselines: the same chunked algorithm
-in plain PyTorch (autograd for its backward) and the eager quadratic masked reference (the full
-S x S scores; it may run out of memory at long S, and is then reported as n/a).
-flash-linear-attention (fla) is not a baseline: it is not installed on the GPU machine. Median
-times from tilelang.profiler.do_bench. A baseline that cannot run here prints its reason instead
-of a number."""
+in plain PyTorch (autograd for its backward), the eager quadratic masked reference (the full
+S x S scores; it may run out of memory at long S, and is then reported as n/a) and, when it is
+installed, flash-linear-attention's Triton kernels (fla.ops.linear_attn, chunk and fused_chunk,
+normalize=False: the same operator). Median times from tilelang.profiler.do_bench. A baseline
+that cannot run here prints its reason instead of a number. The last column is each output's
+largest difference from opgen's, relative to opgen's largest |o|: every row computes one operator.
+"""
 
 import sys
 
@@ -20,6 +22,13 @@ from tilelang.profiler import do_bench
 
 from .autograd import scale_for, linear_attention
 from .reference import linear_attention_reference
+
+try:  # optional baseline: reported as n/a where it is not installed
+    from fla.ops.linear_attn import chunk_linear_attn, fused_chunk_linear_attn
+except ImportError as exc:
+    FLA_MISSING = f"flash-linear-attention not installed ({exc})"
+else:
+    FLA_MISSING = None
 
 # (batch, seq_len, heads, dim_k, dim_v, fwd FLOPs, bwd FLOPs), from the spec's [bench].
 SHAPES = [
@@ -51,18 +60,35 @@ def chunked_torch(q, k, v):
     return o.to(q.dtype)
 
 
+def fla_baseline(kernel_name):
+    """fn(q, k, v) -> o running fla.ops.linear_attn.<kernel_name> on the same operator (no
+    normaliser, opgen's scale); raises where fla is not installed."""
+
+    def run(q, k, v):
+        if FLA_MISSING:
+            raise RuntimeError(FLA_MISSING)
+        kernel = {"chunk": chunk_linear_attn, "fused_chunk": fused_chunk_linear_attn}[kernel_name]
+        o, _ = kernel(q, k, v, scale=scale_for(q.shape[-1]), normalize=False)
+        return o
+
+    return run
+
+
 def candidates():
-    """name -> fn(q, k, v) returning o."""
+    """name -> fn(q, k, v) returning o; opgen first (the others are compared with it)."""
     return {
         "opgen linear_attention": linear_attention,
         f"PyTorch chunked (chunk {CHUNK})": chunked_torch,
         "PyTorch eager quadratic (masked S x S)": linear_attention_reference,
+        "fla chunk_linear_attn (Triton)": fla_baseline("chunk"),
+        "fla fused_chunk_linear_attn (Triton)": fla_baseline("fused_chunk"),
     }
 
 
 def bench_one(fn, inputs, do):
-    # The first calls build the kernels (TileLang): not timed.
-    torch.autograd.grad(fn(*inputs), inputs, do)
+    """(fwd ms, bwd ms, o); the first calls build the kernels (TileLang, Triton): not timed."""
+    o = fn(*inputs)
+    torch.autograd.grad(o, inputs, do)
     fwd_ms = do_bench(lambda: fn(*inputs), warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
     o = fn(*inputs)
     bwd_ms = do_bench(
@@ -71,32 +97,39 @@ def bench_one(fn, inputs, do):
         rep=REP_MS,
         return_mode="median",
     )
-    return fwd_ms, bwd_ms
+    return fwd_ms, bwd_ms, o.detach()
 
 
 def main():
     device = torch.cuda.get_device_name()
     print(f"# linear_attention on {device}, {DTYPE}, torch {torch.__version__}")
-    print("# flash-linear-attention (fla) is not installed on the GPU machine: not a baseline here")
-    print("| B | S | H | Dk | Dv | implementation | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"# flash-linear-attention: {FLA_MISSING or 'installed'}")
+    print(
+        "| B | S | H | Dk | Dv | implementation | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | max diff vs opgen |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for batch, seq_len, heads, dim_k, dim_v, fwd_flops, bwd_flops in SHAPES:
         torch.manual_seed(0)
         q = torch.randn(batch, seq_len, heads, dim_k, dtype=DTYPE, device="cuda").requires_grad_()
         k = torch.randn(batch, seq_len, heads, dim_k, dtype=DTYPE, device="cuda").requires_grad_()
         v = torch.randn(batch, seq_len, heads, dim_v, dtype=DTYPE, device="cuda").requires_grad_()
         do = torch.randn(batch, seq_len, heads, dim_v, dtype=DTYPE, device="cuda")
+        opgen_o = None
         for name, fn in candidates().items():
             row = f"| {batch} | {seq_len} | {heads} | {dim_k} | {dim_v} | {name} |"
             try:
-                fwd_ms, bwd_ms = bench_one(fn, (q, k, v), do)
+                fwd_ms, bwd_ms, o = bench_one(fn, (q, k, v), do)
             except Exception as exc:  # a baseline that cannot run here is reported, not fatal
                 reason = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
-                print(f"{row} n/a: {reason} | | | |")
+                print(f"{row} n/a: {reason} | | | | |")
                 torch.cuda.empty_cache()
                 continue
+            opgen_o = o.float() if opgen_o is None else opgen_o
+            diff = ((o.float() - opgen_o).abs().max() / opgen_o.abs().max()).item()
             fwd_tflops, bwd_tflops = fwd_flops / fwd_ms / 1e9, bwd_flops / bwd_ms / 1e9
-            print(f"{row} {fwd_ms:.3f} | {fwd_tflops:.0f} | {bwd_ms:.3f} | {bwd_tflops:.0f} |")
+            print(
+                f"{row} {fwd_ms:.3f} | {fwd_tflops:.0f} | {bwd_ms:.3f} | {bwd_tflops:.0f} | {diff:.1e} |"
+            )
         sys.stdout.flush()
 
 
