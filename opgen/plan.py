@@ -14,6 +14,13 @@ SM90_SMEM_LIMIT = 227 * 1024
 
 TORCH_DTYPES = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float32": "torch.float32"}
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+# The torch.library namespace of every generated custom op: torch.ops.opgen.<name>_<phase>.
+OP_NAMESPACE = "opgen"
+
+
+def custom_op_names(name: str, *phases: str) -> dict[str, str]:
+    """The qualified torch.library names of a package's custom ops, by phase ("opgen::x_fwd")."""
+    return {phase: f"{OP_NAMESPACE}::{name}_{phase}" for phase in phases}
 
 
 @dataclass(frozen=True)

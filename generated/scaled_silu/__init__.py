@@ -8,6 +8,6 @@
 x: a CUDA tensor of any shape, torch.float16 or torch.bfloat16, contiguous.
 w: a learnable scalar: shape () or (1,); dtype torch.float32."""
 
-from .autograd import ScaledSiluFunction, scaled_silu
+from .autograd import apply_op, scaled_silu
 
-__all__ = ["ScaledSiluFunction", "scaled_silu"]
+__all__ = ["apply_op", "scaled_silu"]

@@ -22,6 +22,7 @@ from pydantic import Field, model_validator
 
 from opgen.errors import OpgenError
 from opgen.plan import (
+    custom_op_names,
     DTYPE_BYTES,
     TORCH_DTYPES,
     CompileJob,
@@ -267,7 +268,7 @@ class BenchCase:
 class Plan:
     family: str
     name: str
-    class_name: str
+    ops: dict[str, str]  # phase -> torch.library name of its custom op
     source: SourceInfo
     dtypes: tuple[str, ...]
     torch_dtypes: tuple[str, ...]
@@ -370,7 +371,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     return Plan(
         family="scaled_silu",
         name=spec.name,
-        class_name="".join(part.capitalize() for part in spec.name.split("_")) + "Function",
+        ops=custom_op_names(spec.name, "fwd", "bwd"),
         source=source,
         dtypes=spec.dtypes,
         torch_dtypes=tuple(TORCH_DTYPES[d] for d in spec.dtypes),
