@@ -386,10 +386,11 @@ def test_plan_kernel_tiling_follows_the_spec(project):
 
 def test_plan_names(project):
     p = plan_of(project)
-    assert (p.family, p.name, p.class_name) == ("attention", "x", "XFunction")
+    assert (p.family, p.name) == ("attention", "x")
+    assert p.ops == {"fwd": "opgen::x_fwd", "bwd": "opgen::x_bwd"}
     spec = load(project, 'name = "attention_recompute"\nfamily = "attention"\n', name="ar")
     p = plan(spec, SourceInfo("specs/ar.toml", "0" * 64, __version__))
-    assert p.class_name == "AttentionRecomputeFunction"
+    assert p.ops["bwd"] == "opgen::attention_recompute_bwd"
     assert p.kernels["bwd"].factory == "attention_recompute_bwd"
 
 

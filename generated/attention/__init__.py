@@ -8,6 +8,6 @@
 q, k, v: CUDA tensors of one shape, torch.float16 or torch.bfloat16, contiguous, in a layout of
 bshd, bhsd; head_dim one of 64, 128."""
 
-from .autograd import AttentionFunction, attention
+from .autograd import apply_op, attention
 
-__all__ = ["AttentionFunction", "attention"]
+__all__ = ["apply_op", "attention"]

@@ -17,8 +17,10 @@ from .autograd import (
     DTYPE_NAMES,
     DV_REDUCTION,
     TORCH_DTYPES,
+    backward_op,
     check_inputs,
     dims,
+    forward_op,
     run_backward,
     run_forward,
     shape_of,
@@ -238,6 +240,58 @@ def test_comparison_catches_broken_gradients():
             except AssertionError:
                 continue
             pytest.fail(f"a {how} d{name} passed the comparison")
+
+
+def compile_case():
+    """(function, inputs, dO, dtype) the torch.compile test runs: the public function on the first
+    shape with the last mask."""
+    batch, heads, kv_heads, seq_len, head_dim = SHAPES[0].values
+    causal, window = MASKS[-1].values
+    dtype, layout = DTYPES[0], LAYOUTS[0]
+    inputs, do = make_inputs(batch, heads, kv_heads, seq_len, head_dim, dtype, layout)
+
+    def fn(*tensors):
+        return attention(*tensors, causal=causal, layout=layout)
+
+    return fn, inputs, do, dtype
+
+
+def opcheck_cases():
+    """(op, args) for opcheck: with every mask, the forward op on inputs that require grad and the
+    backward op on what that forward returns."""
+    dtype, layout = DTYPES[0], LAYOUTS[0]
+    inputs, do = make_inputs(*ATOMIC_SHAPE, dtype, layout)
+    tensors = [t.detach() for t in inputs.values()]
+    cases = []
+    for causal, window in (mask.values for mask in MASKS):
+        o, lse = forward_op(*tensors, causal, window or 0, layout)
+        cases.append((forward_op, (*inputs.values(), causal, window or 0, layout)))
+        cases.append((backward_op, (*tensors, o, lse, do, causal, window or 0, layout)))
+    return cases
+
+
+@requires_cuda
+def test_torch_compile_fullgraph():
+    """torch.compile(fullgraph=True) takes the public function without a graph break (its custom
+    ops and their fake functions) and gives the eager output and gradients."""
+    fn, inputs, grad_out, dtype = compile_case()
+    eager_out = fn(*inputs.values())
+    eager_out.backward(grad_out)
+    eager = grads_of(inputs)
+    out = torch.compile(fn, fullgraph=True)(*inputs.values())
+    out.backward(grad_out)
+    compiled = grads_of(inputs)
+    assert_close("compiled output", out, eager_out, dtype)
+    for name in eager:
+        assert_close(f"compiled d{name}", compiled[name], eager[name], dtype)
+
+
+@requires_cuda
+def test_custom_ops_pass_opcheck():
+    """torch.library.opcheck on each registered op: its schema, its fake function against the
+    kernels' outputs, its autograd registration, and AOT dispatch with dynamic shapes."""
+    for op, args in opcheck_cases():
+        torch.library.opcheck(op, args)
 
 
 @requires_cuda

@@ -8,6 +8,6 @@
 q, k, v: CUDA tensors of one shape, torch.float16 or torch.bfloat16, contiguous, in a layout of
 bshd; head_dim one of 64, 128."""
 
-from .autograd import AttentionSinkFunction, attention_sink
+from .autograd import apply_op, attention_sink
 
-__all__ = ["AttentionSinkFunction", "attention_sink"]
+__all__ = ["apply_op", "attention_sink"]

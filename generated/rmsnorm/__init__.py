@@ -9,6 +9,6 @@ x: a CUDA tensor [..., C], torch.float16 or torch.bfloat16, contiguous, C <= 163
 w: one learnable weight per channel, shape (C,); dtype x.dtype.
 rstd = 1 / sqrt(mean(x^2 over the last dim) + 1e-06)."""
 
-from .autograd import RmsnormFunction, rmsnorm
+from .autograd import apply_op, rmsnorm
 
-__all__ = ["RmsnormFunction", "rmsnorm"]
+__all__ = ["apply_op", "rmsnorm"]

@@ -18,9 +18,11 @@ from .autograd import (
     DW_REDUCTION,
     MAX_CHANNELS,
     SAVE_RSTD,
-    RmsnormFunction,
     alloc_dw,
+    apply_op,
+    backward_op,
     check_inputs,
+    forward_op,
     launch_backward,
     run_backward,
     run_forward,
@@ -98,11 +100,11 @@ def grads_of(inputs):
 
 
 def op(x, w, save_rstd, dw_reduction=DW_REDUCTION):
-    """The public function for the spec's variant; the Function with the same checks otherwise."""
+    """The public function for the spec's variant; the custom op with the same checks otherwise."""
     if (save_rstd, dw_reduction) == (SAVE_RSTD, DW_REDUCTION):
         return rmsnorm(x, w)
     check_inputs(x, w)
-    return RmsnormFunction.apply(x, w, save_rstd, dw_reduction)
+    return apply_op(x, w, save_rstd, dw_reduction)
 
 
 def check_against_reference(inputs, dy, save_rstd, dtype):
@@ -253,6 +255,49 @@ def test_comparison_catches_broken_gradients():
             except AssertionError:
                 continue
             pytest.fail(f"a {how} d{name} passed the comparison")
+
+
+def compile_case():
+    """(function, inputs, dy, dtype) the torch.compile test runs: the public function, tail shape."""
+    inputs, dy = make_inputs(TAIL_SHAPE, DTYPES[0])
+    return rmsnorm, inputs, dy, DTYPES[0]
+
+
+def opcheck_cases():
+    """(op, args) for opcheck: the forward op with either saved.rstd, and the backward op on what
+    each forward saved; split dw, whose result is deterministic."""
+    inputs, dy = make_inputs(TAIL_SHAPE, DTYPES[0])
+    x, w = inputs.values()
+    cases = []
+    for save_rstd in (False, True):
+        _, rstd = run_forward(x.detach(), w.detach(), save_rstd)
+        cases.append((forward_op, (x, w, save_rstd, "split")))
+        cases.append((backward_op, (x.detach(), rstd, w.detach(), dy, "split")))
+    return cases
+
+
+@requires_cuda
+def test_torch_compile_fullgraph():
+    """torch.compile(fullgraph=True) takes the public function without a graph break (its custom
+    ops and their fake functions) and gives the eager output and gradients."""
+    fn, inputs, grad_out, dtype = compile_case()
+    eager_out = fn(*inputs.values())
+    eager_out.backward(grad_out)
+    eager = grads_of(inputs)
+    out = torch.compile(fn, fullgraph=True)(*inputs.values())
+    out.backward(grad_out)
+    compiled = grads_of(inputs)
+    assert_close("compiled output", out, eager_out, dtype)
+    for name in eager:
+        assert_close(f"compiled d{name}", compiled[name], eager[name], dtype)
+
+
+@requires_cuda
+def test_custom_ops_pass_opcheck():
+    """torch.library.opcheck on each registered op: its schema, its fake function against the
+    kernels' outputs, its autograd registration, and AOT dispatch with dynamic shapes."""
+    for op, args in opcheck_cases():
+        torch.library.opcheck(op, args)
 
 
 @requires_cuda

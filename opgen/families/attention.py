@@ -15,6 +15,7 @@ from pydantic import Field, StrictBool, model_validator
 
 from opgen.errors import OpgenError
 from opgen.plan import (
+    custom_op_names,
     DTYPE_BYTES,
     SM90_SMEM_LIMIT,
     TORCH_DTYPES,
@@ -360,7 +361,7 @@ class MaskCase:
 class Plan:
     family: str
     name: str
-    class_name: str
+    ops: dict[str, str]  # phase -> torch.library name of its custom op
     source: SourceInfo
     layouts: tuple[str, ...]
     default_layout: str
@@ -376,8 +377,8 @@ class Plan:
     sliding_window: bool
     tensor_inputs: tuple[str, ...]  # q, k, v (, sinks)
     params: str  # the public function's parameters, with defaults
-    apply_args: str  # what the public function passes to Function.apply
-    grad_returns: str  # what Function.backward returns: one gradient (or None) per apply arg
+    apply_args: str  # what the public function passes to check_inputs and apply_op
+    grad_returns: str  # what the autograd backward returns: one gradient (or None) per op arg
     call_kwargs: str  # how the generated tests pass causal (and window) and layout
     grad_check_order: tuple[tuple[str, str], ...]  # (label, input) in the order tests assert them
     kernels: dict[str, KernelPlan]
@@ -464,8 +465,8 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
                               "per-row terms written once, summed over batch and rows on the host"))
 
     tensor_inputs = ("q", "k", "v", "sinks") if section.sinks else ("q", "k", "v")
-    # The Function always takes a window (None when the spec has no sliding window), so its
-    # backward has one fixed shape; the public function exposes only what the spec enables.
+    # The ops always take a window (0 when the spec has no sliding window), so their signatures
+    # have one fixed shape; the public function exposes only what the spec enables.
     params = [*tensor_inputs, f"causal={section.causal}"]
     if section.sliding_window:
         params.append("window=None")
@@ -495,7 +496,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     return Plan(
         family="attention",
         name=spec.name,
-        class_name="".join(part.capitalize() for part in spec.name.split("_")) + "Function",
+        ops=custom_op_names(spec.name, "fwd", "bwd"),
         source=source,
         layouts=section.layouts,
         default_layout=section.layouts[0],

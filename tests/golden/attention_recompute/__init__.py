@@ -8,6 +8,6 @@
 q, k, v: CUDA tensors of one shape, torch.bfloat16, contiguous, in a layout of
 bhsd; head_dim one of 64."""
 
-from .autograd import AttentionRecomputeFunction, attention_recompute
+from .autograd import apply_op, attention_recompute
 
-__all__ = ["AttentionRecomputeFunction", "attention_recompute"]
+__all__ = ["apply_op", "attention_recompute"]
