@@ -67,6 +67,18 @@ CASES = {
         for window in (None, 32)
     },
     "gqa": {"causal": lambda: attention_case(8, 2, True, None, "bshd")},
+    "linear_attention": {
+        "dk40-dv24": lambda: Case(
+            (tensor((1, 77, 2, 40), F16), tensor((1, 77, 2, 40), F16), tensor((1, 77, 2, 24), F16)),
+            {"q": 0, "k": 1, "v": 2})
+    },
+    "matmul": {
+        "bias": lambda: Case(
+            (tensor((3, 33, 40), BF16), tensor((40, 24), BF16), tensor((24,), BF16)),
+            {"a": 0, "b": 1, "bias": 2}),
+        "no-bias": lambda: Case(
+            (tensor((33, 40), F16), tensor((40, 24), F16), None), {"a": 0, "b": 1}),
+    },
     "scaled_silu": {
         f"{save}-{reduction}": lambda save=save, reduction=reduction: weighted_case(
             (3, 5, 7), (), F16, F32, save, reduction)

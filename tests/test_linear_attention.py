@@ -128,7 +128,8 @@ def test_plan_is_frozen(project):
 
 def test_plan_generic_fields(project):
     p = plan_of(project)
-    assert (p.family, p.name, p.class_name) == ("linear_attention", "x", "XFunction")
+    assert (p.family, p.name) == ("linear_attention", "x")
+    assert p.ops == {"fwd": "opgen::x_fwd", "bwd": "opgen::x_bwd"}
     assert p.source.spec_path == "specs/x.toml"
     assert p.dtypes == ("float16", "bfloat16")
     assert p.torch_dtypes == ("torch.float16", "torch.bfloat16")
@@ -231,6 +232,12 @@ def test_generated_files_carry_the_spec_choices(project):
     assert "T.atomic_add(dQ" in gen.files["kernels.py"]
     assert "torch.zeros(q.shape, dtype=torch.float32" in gen.files["autograd.py"]
     assert "ctx.save_for_backward(q, k, v)" in gen.files["autograd.py"]
+    for phase in ("fwd", "bwd"):
+        assert f'@torch.library.custom_op("opgen::x_{phase}", mutates_args=())' in gen.files[
+            "autograd.py"]
+    assert "forward_op.register_autograd(backward, setup_context=setup_context)" in gen.files[
+        "autograd.py"]
+    assert "from .autograd import apply_op, x\n" in gen.files["__init__.py"]
 
 
 # --- the algorithm, in float64 --------------------------------------------------------------------

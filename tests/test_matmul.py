@@ -178,7 +178,9 @@ def test_plan_is_frozen(project):
 
 def test_plan_generic_fields(project):
     p = plan_of(project)
-    assert (p.family, p.name, p.class_name) == ("matmul", "x", "XFunction")
+    assert (p.family, p.name) == ("matmul", "x")
+    assert p.ops == {
+        "fwd": "opgen::x_fwd", "bwd_da": "opgen::x_bwd_da", "bwd_db": "opgen::x_bwd_db"}
     assert p.dtypes == ("float16", "bfloat16")
     assert p.torch_dtypes == ("torch.float16", "torch.bfloat16")
     assert p.tolerances == DEFAULT_TOLERANCES
@@ -215,6 +217,8 @@ def test_plan_kernels_and_grads_with_bias(project):
     assert p.grad_check_order == (("dA", "a"), ("dB", "b"), ("dbias", "bias"))
     assert (p.bias, p.bias_variants, p.tensor_inputs) == (True, (True, False), ("a", "b", "bias"))
     assert (p.params, p.apply_args) == ("a, b, bias", "a, b, bias")
+    assert list(p.ops) == ["fwd", "bwd_da", "bwd_db", "bwd_dbias"]
+    assert p.ops["bwd_dbias"] == "opgen::x_bwd_dbias"
 
 
 def test_plan_test_cases(project):
@@ -353,6 +357,10 @@ def test_generated_signature_follows_the_bias_switch(project):
     assert "check_inputs(a, b, None)" in plain["autograd.py"]
     assert "def x(a, b, bias):" in biased["autograd.py"]
     assert "x_bwd_dbias" not in plain["kernels.py"] and "x_bwd_dbias" in biased["kernels.py"]
+    assert '@torch.library.custom_op("opgen::x_bwd_dbias"' in biased["autograd.py"]
+    assert "opgen::x_bwd_dbias" not in plain["autograd.py"]
+    assert "dbias_op" not in plain["autograd.py"] + plain["test_x.py"]
+    assert "return apply_op(a, b, None)" in plain["autograd.py"]
     assert "test_dbias_partials" not in plain["test_x.py"]
     assert "test_dbias_partials" in biased["test_x.py"]
     assert 'pytest.param(False, id="no-bias")' in biased["test_x.py"]

@@ -9,6 +9,6 @@ O_t = scale * sum_{s <= t} (q_t . k_s) v_s with scale = dim_k ** -0.5. q, k: [B,
 (bshd), torch.float16 or torch.bfloat16, CUDA, contiguous; Dk, Dv <= 256. fp32 accumulation;
 the backward is one kernel with fp32 atomic dQ, dK, dV."""
 
-from .autograd import LinearAttentionFunction, linear_attention
+from .autograd import apply_op, linear_attention
 
-__all__ = ["LinearAttentionFunction", "linear_attention"]
+__all__ = ["apply_op", "linear_attention"]

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from . import autograd
-from .autograd import linear_attention
+from .autograd import backward_op, forward_op, linear_attention
 from .reference import linear_attention_reference
 
 requires_cuda = pytest.mark.skipif(
@@ -34,7 +34,7 @@ TAIL_SHAPE = (1, 77, 2, 64, 128)
 DTYPES = [torch.float16, torch.bfloat16]
 # (label, input) in the order the gradients are asserted.
 GRAD_CHECKS = [("dV", "v"), ("dK", "k"), ("dQ", "q")]
-# Every kernel factory the Function launches: replaced by a trap in the bad-input tests.
+# Every kernel factory the custom ops launch: replaced by a trap in the bad-input tests.
 FACTORIES = [
     "linear_attention_fwd",
     "linear_attention_bwd",
@@ -203,6 +203,45 @@ def test_comparison_catches_broken_gradients():
             assert_scaled_differs(label, how, value, ref[name], dtype)
     assert_scaled_differs("dQ", "swapped (dK as)", got["k"], ref["q"], dtype)
     assert_scaled_differs("dK", "swapped (dQ as)", got["q"], ref["k"], dtype)
+
+
+def compile_case():
+    """(function, inputs, do, dtype) for the torch.compile test: the public function, tail shape."""
+    inputs, do = make_inputs(TAIL_SHAPE, DTYPES[0])
+    return linear_attention, inputs, do, DTYPES[0]
+
+
+def opcheck_cases():
+    """(op, args) for opcheck: the forward op on inputs requiring grad, the backward op on detached
+    ones. opcheck compares repeated runs with assert_close's default tolerances: the order of the
+    fp32 atomics moves a gradient by one fp16/bf16 rounding step at most, within them."""
+    inputs, do = make_inputs(TAIL_SHAPE, DTYPES[0])
+    q, k, v = inputs.values()
+    return [(forward_op, (q, k, v)), (backward_op, (q.detach(), k.detach(), v.detach(), do))]
+
+
+@requires_cuda
+def test_torch_compile_fullgraph():
+    """torch.compile(fullgraph=True) takes the public function without a graph break (its custom
+    ops and their fake functions) and gives the eager output and gradients."""
+    fn, inputs, grad_out, dtype = compile_case()
+    eager_out = fn(*inputs.values())
+    eager_out.backward(grad_out)
+    eager = grads_of(inputs)
+    out = torch.compile(fn, fullgraph=True)(*inputs.values())
+    out.backward(grad_out)
+    compiled = grads_of(inputs)
+    assert_scaled_close("compiled output", out, eager_out, dtype)
+    for name in eager:
+        assert_scaled_close(f"compiled d{name}", compiled[name], eager[name], dtype)
+
+
+@requires_cuda
+def test_custom_ops_pass_opcheck():
+    """torch.library.opcheck on each registered op: its schema, its fake function against the
+    kernels' outputs, its autograd registration, and AOT dispatch with dynamic shapes."""
+    for op, args in opcheck_cases():
+        torch.library.opcheck(op, args)
 
 
 @pytest.fixture

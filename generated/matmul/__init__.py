@@ -9,6 +9,6 @@ a: [M, K] or [..., M, K], torch.float16 or torch.bfloat16; b: [K, N], bias: [N],
 CUDA tensors, contiguous. fp32 accumulation; backward dA = dC b^T, dB = a^T dC, dbias = dC summed over rows.
 """
 
-from .autograd import MatmulFunction, matmul
+from .autograd import apply_op, matmul
 
-__all__ = ["MatmulFunction", "matmul"]
+__all__ = ["apply_op", "matmul"]

@@ -15,7 +15,15 @@ import pytest
 import torch
 
 from . import autograd
-from .autograd import MatmulFunction, check_inputs, matmul
+from .autograd import (
+    apply_op,
+    check_inputs,
+    da_op,
+    db_op,
+    dbias_op,
+    forward_op,
+    matmul,
+)
 from .reference import matmul_reference
 
 requires_cuda = pytest.mark.skipif(
@@ -35,14 +43,14 @@ TAIL_SHAPE = (1000, 777, 336)
 # m = n = k: dA and dB have one shape, so a swapped pair can be told apart only by value.
 SQUARE_SHAPE = (333, 333, 333)
 DTYPES = [torch.float16, torch.bfloat16]
-# With a bias (what matmul() takes) and without (the Function with bias=None).
+# With a bias (what matmul() takes) and without (apply_op with bias=None).
 BIASES = [
     pytest.param(True, id="bias"),
     pytest.param(False, id="no-bias"),
 ]
 # (label, input) in the order the gradients are asserted; bias only when the case has one.
 GRAD_CHECKS = [("dA", "a"), ("dB", "b"), ("dbias", "bias")]
-# Every kernel factory the Function launches: replaced by a trap in the bad-input tests.
+# Every kernel factory the custom ops launch: replaced by a trap in the bad-input tests.
 FACTORIES = [
     "matmul_fwd",
     "matmul_bwd_da",
@@ -132,13 +140,13 @@ def grads_of(inputs):
 
 
 def op(inputs):
-    """The public function when the case matches its signature; the Function with the same checks
+    """The public function when the case matches its signature; the custom op with the same checks
     otherwise (a package with a bias, run without one)."""
     a, b, bias = inputs["a"], inputs["b"], inputs.get("bias")
     if (bias is not None) == autograd.BIAS:
         return matmul(*inputs.values())
     check_inputs(a, b, bias)
-    return MatmulFunction.apply(a, b, bias)
+    return apply_op(a, b, bias)
 
 
 def run_both(inputs, dc):
@@ -282,6 +290,52 @@ def test_comparison_catches_broken_gradients():
     assert got["a"].shape == got["b"].shape
     assert_gemm_differs("dA", "swapped (dB as)", got["b"], ref["a"], dtype)
     assert_gemm_differs("dB", "swapped (dA as)", got["a"], ref["b"], dtype)
+
+
+def compile_case():
+    """(fn, inputs, dc, dtype) the torch.compile test runs: the public function, tail shape."""
+    inputs, dc = make_inputs(TAIL_SHAPE, DTYPES[0], autograd.BIAS)
+    return matmul, inputs, dc, DTYPES[0]
+
+
+def opcheck_cases():
+    """(op, args) for opcheck: the forward op with and without a bias (inputs requiring grad), and
+    each backward op on detached tensors. Every kernel is deterministic, so opcheck can compare two
+    runs bit for bit."""
+    cases = []
+    for with_bias in [True, False]:
+        inputs, dc = make_inputs(TAIL_SHAPE, DTYPES[0], with_bias)
+        cases.append((forward_op, (inputs["a"], inputs["b"], inputs.get("bias"))))
+    a, b = inputs["a"].detach(), inputs["b"].detach()
+    m, _, k = TAIL_SHAPE
+    cases.append((da_op, (dc, b, [m, k])))
+    cases.append((db_op, (a, dc)))
+    cases.append((dbias_op, (dc,)))
+    return cases
+
+
+@requires_cuda
+def test_torch_compile_fullgraph():
+    """torch.compile(fullgraph=True) takes the public function without a graph break (its custom
+    ops and their fake functions) and gives the eager output and gradients."""
+    fn, inputs, grad_out, dtype = compile_case()
+    eager_out = fn(*inputs.values())
+    eager_out.backward(grad_out)
+    eager = grads_of(inputs)
+    out = torch.compile(fn, fullgraph=True)(*inputs.values())
+    out.backward(grad_out)
+    compiled = grads_of(inputs)
+    assert_gemm_close("compiled output", out, eager_out, dtype)
+    for name in eager:
+        assert_gemm_close(f"compiled d{name}", compiled[name], eager[name], dtype)
+
+
+@requires_cuda
+def test_custom_ops_pass_opcheck():
+    """torch.library.opcheck on each registered op: its schema, its fake function against the
+    kernels' outputs, its autograd registration, and AOT dispatch with dynamic shapes."""
+    for op, args in opcheck_cases():
+        torch.library.opcheck(op, args)
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from pydantic import model_validator
 
 from opgen.errors import OpgenError
 from opgen.plan import (
+    custom_op_names,
     DTYPE_BYTES,
     SM90_SMEM_LIMIT,
     TORCH_DTYPES,
@@ -323,7 +324,7 @@ class BenchCase:
 class Plan:
     family: str
     name: str
-    class_name: str
+    ops: dict[str, str]  # phase -> torch.library name of its custom op
     source: SourceInfo
     dtypes: tuple[str, ...]
     torch_dtypes: tuple[str, ...]
@@ -379,7 +380,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     return Plan(
         family="linear_attention",
         name=spec.name,
-        class_name="".join(part.capitalize() for part in spec.name.split("_")) + "Function",
+        ops=custom_op_names(spec.name, "fwd", "bwd"),
         source=source,
         dtypes=spec.dtypes,
         torch_dtypes=tuple(TORCH_DTYPES[d] for d in spec.dtypes),

@@ -21,6 +21,7 @@ from pydantic import StrictBool, model_validator
 
 from opgen.errors import OpgenError
 from opgen.plan import (
+    custom_op_names,
     DTYPE_BYTES,
     SM90_SMEM_LIMIT,
     TORCH_DTYPES,
@@ -331,7 +332,7 @@ class BenchCase:
 class Plan:
     family: str
     name: str
-    class_name: str
+    ops: dict[str, str]  # phase -> torch.library name of its custom op
     source: SourceInfo
     dtypes: tuple[str, ...]
     torch_dtypes: tuple[str, ...]
@@ -339,7 +340,7 @@ class Plan:
     bias_variants: tuple[bool, ...]  # what the generated tests run: with a bias also without
     tensor_inputs: tuple[str, ...]  # a, b (, bias)
     params: str  # the public function's parameters
-    apply_args: str  # what the public function passes to check_inputs and Function.apply
+    apply_args: str  # what the public function passes to check_inputs and apply_op
     kernels: dict[str, KernelPlan]
     grads: tuple[GradPlan, ...]
     grad_check_order: tuple[tuple[str, str], ...]  # (label, input) in the order tests assert them
@@ -398,10 +399,13 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     tail_case = max(test_cases, key=lambda s: tail_count(s, blocks))  # the first of the most
     square_case = next(s for s in test_cases if s.m == s.n == s.k)  # validation found one
     bias_variants = (True, False) if bias else (False,)
+    # One custom op per kernel, named like its factory: fwd, bwd_da, bwd_db (, bwd_dbias); each
+    # backward product is its own op, so the backward launches only the ones autograd asks for.
+    op_phases = [k.factory.removeprefix(f"{spec.name}_") for k in kernels.values()]
     return Plan(
         family="matmul",
         name=spec.name,
-        class_name="".join(part.capitalize() for part in spec.name.split("_")) + "Function",
+        ops=custom_op_names(spec.name, *op_phases),
         source=source,
         dtypes=spec.dtypes,
         torch_dtypes=tuple(TORCH_DTYPES[d] for d in spec.dtypes),
