@@ -124,7 +124,7 @@ DEFAULT_TOLERANCES = {
 }
 
 DEFAULT_TEST_SHAPES = ((2, 1000, 4, 64, 64), (1, 77, 2, 64, 128), (1, 200, 3, 40, 24))
-DEFAULT_BENCH_SHAPES = ((8, 4096, 16, 128, 128),)
+DEFAULT_BENCH_SHAPES = ((8, 4096, 16, 128, 128), (4, 8192, 16, 64, 64))
 
 SCALES = {"rsqrt_dk": "1 / sqrt(Dk)", "none": "1"}
 
