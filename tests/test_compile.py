@@ -16,6 +16,8 @@ from opgen.plan import SM90_SMEM_LIMIT, CompileJob
 from opgen.render import generate
 from opgen.spec import GemmTiling
 
+from conftest import REPO_ROOT, TESTS_DIR
+
 pytestmark = [pytest.mark.compile, pytest.mark.xdist_group("compile")]
 
 # One layout, one dtype, one head dim: the 6 kernels of one (layout, dtype, head_dim) combination.
@@ -200,3 +202,17 @@ def test_smem_estimate_holds_for_aligned_seq_len(compiled):
     result = results["aligned"]
     assert result.ok, result.error
     assert result.smem_bytes <= gen.plan.smem["bwd"][64]
+
+
+@pytest.mark.parametrize("spec", sorted((TESTS_DIR / "specs").glob("*.toml")), ids=lambda p: p.stem)
+def test_golden_trees_compile(spec, monkeypatch):
+    """Every kernel of every golden tree compiles, as `opgen build` checks the shipped specs: the
+    golden trees are generated code too, and their tests run on the GPU."""
+    monkeypatch.chdir(REPO_ROOT)
+    gen = generate(spec.relative_to(REPO_ROOT))
+    kernels = TESTS_DIR / "golden" / spec.stem / "kernels.py"
+    assert kernels.read_text() == gen.files["kernels.py"], "golden tree out of date"
+    results = compile_all([(gen.spec_path, kernels, job) for job in gen.plan.compile_jobs], workers=2)
+    failed = [f"{r.label}: {r.error}" for r in results if not r.ok]
+    assert not failed, "\n".join(failed)
+    assert len(results) == len(gen.plan.compile_jobs) > 0
