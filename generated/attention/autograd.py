@@ -202,7 +202,8 @@ def run_backward(
 
 
 # The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
-# fake (shape) function and does not break the graph): opgen::attention_fwd, opgen::attention_bwd.
+# fake (shape) function and does not break the graph):
+#     opgen::attention_fwd, opgen::attention_bwd
 @torch.library.custom_op("opgen::attention_fwd", mutates_args=())
 def forward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int, layout: str

@@ -217,7 +217,8 @@ def run_backward(
 
 
 # The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
-# fake (shape) function and does not break the graph): opgen::attention_sink_fwd, opgen::attention_sink_bwd.
+# fake (shape) function and does not break the graph):
+#     opgen::attention_sink_fwd, opgen::attention_sink_bwd
 @torch.library.custom_op("opgen::attention_sink_fwd", mutates_args=())
 def forward_op(
     q: torch.Tensor,

@@ -198,7 +198,8 @@ def run_backward(
 
 
 # The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
-# fake (shape) function and does not break the graph): opgen::gqa_fwd, opgen::gqa_bwd.
+# fake (shape) function and does not break the graph):
+#     opgen::gqa_fwd, opgen::gqa_bwd
 @torch.library.custom_op("opgen::gqa_fwd", mutates_args=())
 def forward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int, layout: str

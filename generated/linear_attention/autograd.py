@@ -145,7 +145,8 @@ def run_backward(q, k, v, do):
 
 
 # The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
-# fake (shape) function and does not break the graph): opgen::linear_attention_fwd, opgen::linear_attention_bwd.
+# fake (shape) function and does not break the graph):
+#     opgen::linear_attention_fwd, opgen::linear_attention_bwd
 # Every launch and the buffers around it are inside an op: the backward formula is traced with
 # fake tensors, which have no data for a kernel.
 @torch.library.custom_op("opgen::linear_attention_fwd", mutates_args=())

@@ -136,14 +136,15 @@ def run_backward(x, rstd, w, dy, reduction):
 
 
 # The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
-# fake (shape) function and does not break the graph): opgen::rmsnorm_fwd, opgen::rmsnorm_bwd.
+# fake (shape) function and does not break the graph):
+#     opgen::rmsnorm_fwd, opgen::rmsnorm_bwd
 # dw_reduction is an argument of the forward op, unused there, so that the backward's context
 # receives it.
 @torch.library.custom_op("opgen::rmsnorm_fwd", mutates_args=())
 def forward_op(
     x: torch.Tensor, w: torch.Tensor, save_rstd: bool, dw_reduction: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, rstd in fp32 per row); without save_rstd an empty tensor stands for rstd: an op
+    """(y, rstd in fp32 per row); without save_rstd an empty tensor in its place: an op
     returns tensors only."""
     y, rstd = run_forward(x, w, save_rstd)
     return y, rstd if save_rstd else x.new_empty(0, dtype=torch.float32)
@@ -151,8 +152,9 @@ def forward_op(
 
 @forward_op.register_fake
 def _(x, w, save_rstd, dw_reduction):
-    rows = matrix_dims(x)[0] if save_rstd else 0
-    return torch.empty_like(x), x.new_empty(rows, dtype=torch.float32)
+    return torch.empty_like(x), x.new_empty(
+        (matrix_dims(x)[0],) if save_rstd else (0,), dtype=torch.float32
+    )
 
 
 @torch.library.custom_op("opgen::rmsnorm_bwd", mutates_args=())

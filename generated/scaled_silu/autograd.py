@@ -141,14 +141,15 @@ def run_backward(x, s, w, dy, reduction):
 
 
 # The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
-# fake (shape) function and does not break the graph): opgen::scaled_silu_fwd, opgen::scaled_silu_bwd.
+# fake (shape) function and does not break the graph):
+#     opgen::scaled_silu_fwd, opgen::scaled_silu_bwd
 # dw_reduction is an argument of the forward op, unused there, so that the backward's context
 # receives it.
 @torch.library.custom_op("opgen::scaled_silu_fwd", mutates_args=())
 def forward_op(
     x: torch.Tensor, w: torch.Tensor, save_sigmoid: bool, dw_reduction: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, sigmoid(x) in fp32); without save_sigmoid an empty tensor stands for sigmoid(x): an op
+    """(y, sigmoid(x) in fp32); without save_sigmoid an empty tensor in its place: an op
     returns tensors only."""
     y, s = run_forward(x, w, save_sigmoid)
     return y, s if save_sigmoid else x.new_empty(0, dtype=torch.float32)
@@ -163,7 +164,7 @@ def _(x, w, save_sigmoid, dw_reduction):
 def backward_op(
     x: torch.Tensor, s: torch.Tensor | None, w: torch.Tensor, dy: torch.Tensor, dw_reduction: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dw); s is the forward's sigmoid(x), or None to recompute it from x."""
+    """(dx, dw); s is the forward's, or None to recompute it from x."""
     return run_backward(x, s, w, dy, dw_reduction)
 
 
@@ -175,12 +176,12 @@ def _(x, s, w, dy, dw_reduction):
 def setup_context(ctx, inputs, output):
     x, w, save_sigmoid, dw_reduction = inputs
     ctx.mark_non_differentiable(output[1])
-    # sigmoid(x) only when the forward saved it; else the backward recomputes it from x.
+    # s only when the forward saved it; else the backward recomputes it from x.
     ctx.save_for_backward(x, w, output[1] if save_sigmoid else None)
     ctx.dw_reduction = dw_reduction
 
 
-def backward(ctx, dy, _dsigmoid):
+def backward(ctx, dy, _ds):
     x, w, s = ctx.saved_tensors
     dx, dw = backward_op(x, s, w, dy, ctx.dw_reduction)
     # One gradient per forward input; None for save_sigmoid and dw_reduction.

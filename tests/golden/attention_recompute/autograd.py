@@ -204,7 +204,8 @@ def run_backward(
 
 
 # The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
-# fake (shape) function and does not break the graph): opgen::attention_recompute_fwd, opgen::attention_recompute_bwd.
+# fake (shape) function and does not break the graph):
+#     opgen::attention_recompute_fwd, opgen::attention_recompute_bwd
 @torch.library.custom_op("opgen::attention_recompute_fwd", mutates_args=())
 def forward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int, layout: str
