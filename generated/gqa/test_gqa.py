@@ -86,6 +86,35 @@ def assert_close(name, actual, expected, dtype):
     )
 
 
+def grads_of(inputs):
+    """Clone then clear each .grad, so the next backward does not add to it."""
+    grads = {}
+    for name, t in inputs.items():
+        grads[name] = None if t.grad is None else t.grad.clone()
+        t.grad = None
+    return grads
+
+
+def assert_differs(name, how, actual, expected, dtype):
+    """A broken gradient must fail the comparison."""
+    try:
+        assert_close(name, actual, expected, dtype)
+    except AssertionError:
+        return
+    pytest.fail(f"a {how} {name} passed the comparison")
+
+
+def assert_catches_broken(name, got, ref, dtype):
+    """The gradient passes the comparison; doubled, zeroed or sign-flipped, it fails it."""
+    assert_close(name, got, ref, dtype)
+    for how, broken in (
+        ("doubled", 2 * got),
+        ("zeroed", torch.zeros_like(got)),
+        ("sign-flipped", -got),
+    ):
+        assert_differs(name, how, broken, ref, dtype)
+
+
 def make_inputs(batch, heads, kv_heads, seq_len, head_dim, dtype, layout):
     """Leaf tensors {name: tensor} requiring grad, and the upstream gradient dO."""
     torch.manual_seed(0)
@@ -99,15 +128,6 @@ def make_inputs(batch, heads, kv_heads, seq_len, head_dim, dtype, layout):
     for t in inputs.values():
         t.requires_grad_()
     return inputs, torch.randn(q_shape, dtype=dtype, device="cuda")
-
-
-def grads_of(inputs):
-    """Clone then clear each .grad, so the next backward does not add to it."""
-    grads = {}
-    for name, t in inputs.items():
-        grads[name] = t.grad.clone()
-        t.grad = None
-    return grads
 
 
 @requires_cuda
@@ -247,20 +267,9 @@ def test_comparison_catches_broken_gradients():
     gqa_reference(*inputs.values(), causal=causal, layout=layout).backward(do)
     ref = grads_of(inputs)
     for name in got:
-        assert_close(name, got[name], ref[name], dtype)
-        others = [n for n in got if n != name and got[n].shape == got[name].shape]
-        broken = [
-            ("doubled", 2 * got[name]),
-            ("zeroed", torch.zeros_like(got[name])),
-            ("sign-flipped", -got[name]),
-        ]
-        broken += [(f"swapped with d{other}", got[other]) for other in others]
-        for how, value in broken:
-            try:
-                assert_close(name, value, ref[name], dtype)
-            except AssertionError:
-                continue
-            pytest.fail(f"a {how} d{name} passed the comparison")
+        assert_catches_broken(f"d{name}", got[name], ref[name], dtype)
+        for other in (n for n in got if n != name and got[n].shape == got[name].shape):
+            assert_differs(f"d{name}", f"swapped (d{other} as)", got[other], ref[name], dtype)
 
 
 def compile_case():

@@ -66,6 +66,35 @@ def assert_close(name, actual, expected, dtype):
     )
 
 
+def grads_of(inputs):
+    """Clone then clear each .grad, so the next backward does not add to it."""
+    grads = {}
+    for name, t in inputs.items():
+        grads[name] = None if t.grad is None else t.grad.clone()
+        t.grad = None
+    return grads
+
+
+def assert_differs(name, how, actual, expected, dtype):
+    """A broken gradient must fail the comparison."""
+    try:
+        assert_scaled_close(name, actual, expected, dtype)
+    except AssertionError:
+        return
+    pytest.fail(f"a {how} {name} passed the comparison")
+
+
+def assert_catches_broken(name, got, ref, dtype):
+    """The gradient passes the comparison; doubled, zeroed or sign-flipped, it fails it."""
+    assert_scaled_close(name, got, ref, dtype)
+    for how, broken in (
+        ("doubled", 2 * got),
+        ("zeroed", torch.zeros_like(got)),
+        ("sign-flipped", -got),
+    ):
+        assert_differs(name, how, broken, ref, dtype)
+
+
 def assert_scaled_close(name, actual, expected, dtype):
     """assert_close with atol relative to the largest |expected| (rtol is relative anyway): the
     errors in the message are fractions of that magnitude."""
@@ -76,14 +105,6 @@ def assert_scaled_close(name, actual, expected, dtype):
         expected.float() / scale,
         dtype,
     )
-
-
-def assert_scaled_differs(name, how, actual, expected, dtype):
-    try:
-        assert_scaled_close(name, actual, expected, dtype)
-    except AssertionError:
-        return
-    pytest.fail(f"a {how} {name} passed the comparison")
 
 
 @pytest.fixture(autouse=True)
@@ -107,15 +128,6 @@ def make_inputs(shape, dtype):
     for t in inputs.values():
         t.requires_grad_()
     return inputs, torch.randn(batch, seq_len, heads, dim_v, device="cuda").to(dtype)
-
-
-def grads_of(inputs):
-    """Clone then clear each .grad, so the next backward does not add to it."""
-    grads = {}
-    for name, t in inputs.items():
-        grads[name] = None if t.grad is None else t.grad.clone()
-        t.grad = None
-    return grads
 
 
 def run_both(inputs, do):
@@ -193,16 +205,9 @@ def test_comparison_catches_broken_gradients():
     inputs, do = make_inputs(TAIL_SHAPE, dtype)
     (_, got), (_, ref) = run_both(inputs, do)
     for label, name in GRAD_CHECKS:
-        assert_scaled_close(label, got[name], ref[name], dtype)
-        broken = [
-            ("doubled", 2 * got[name]),
-            ("zeroed", torch.zeros_like(got[name])),
-            ("sign-flipped", -got[name]),
-        ]
-        for how, value in broken:
-            assert_scaled_differs(label, how, value, ref[name], dtype)
-    assert_scaled_differs("dQ", "swapped (dK as)", got["k"], ref["q"], dtype)
-    assert_scaled_differs("dK", "swapped (dQ as)", got["q"], ref["k"], dtype)
+        assert_catches_broken(label, got[name], ref[name], dtype)
+    assert_differs("dQ", "swapped (dK as)", got["k"], ref["q"], dtype)
+    assert_differs("dK", "swapped (dQ as)", got["q"], ref["k"], dtype)
 
 
 def compile_case():

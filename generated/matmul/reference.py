@@ -7,8 +7,6 @@ once; autograd gives the reference gradients (each computed in float32, then cas
 dtype). Run it with TF32 off (torch.backends.cuda.matmul.allow_tf32 = False, PyTorch's default):
 TF32 would make the reference less exact than the kernels."""
 
-import torch
-
 
 def matmul_reference(a, b, bias=None):
     c = a.float() @ b.float()

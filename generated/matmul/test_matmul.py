@@ -84,7 +84,36 @@ def assert_close(name, actual, expected, dtype):
     )
 
 
-def assert_gemm_close(name, actual, expected, dtype):
+def grads_of(inputs):
+    """Clone then clear each .grad, so the next backward does not add to it."""
+    grads = {}
+    for name, t in inputs.items():
+        grads[name] = None if t.grad is None else t.grad.clone()
+        t.grad = None
+    return grads
+
+
+def assert_differs(name, how, actual, expected, dtype):
+    """A broken gradient must fail the comparison."""
+    try:
+        assert_scaled_close(name, actual, expected, dtype)
+    except AssertionError:
+        return
+    pytest.fail(f"a {how} {name} passed the comparison")
+
+
+def assert_catches_broken(name, got, ref, dtype):
+    """The gradient passes the comparison; doubled, zeroed or sign-flipped, it fails it."""
+    assert_scaled_close(name, got, ref, dtype)
+    for how, broken in (
+        ("doubled", 2 * got),
+        ("zeroed", torch.zeros_like(got)),
+        ("sign-flipped", -got),
+    ):
+        assert_differs(name, how, broken, ref, dtype)
+
+
+def assert_scaled_close(name, actual, expected, dtype):
     """assert_close with atol relative to the largest |expected| (rtol is relative anyway): the
     errors in the message are fractions of that magnitude."""
     scale = expected.float().abs().max().item() or 1.0
@@ -94,14 +123,6 @@ def assert_gemm_close(name, actual, expected, dtype):
         expected.float() / scale,
         dtype,
     )
-
-
-def assert_gemm_differs(name, how, actual, expected, dtype):
-    try:
-        assert_gemm_close(name, actual, expected, dtype)
-    except AssertionError:
-        return
-    pytest.fail(f"a {how} {name} passed the comparison")
 
 
 @pytest.fixture(autouse=True)
@@ -130,15 +151,6 @@ def make_inputs(shape, dtype, with_bias, lead=()):
     return inputs, torch.randn(*lead, m, n, device="cuda").to(dtype)
 
 
-def grads_of(inputs):
-    """Clone then clear each .grad, so the next backward does not add to it."""
-    grads = {}
-    for name, t in inputs.items():
-        grads[name] = None if t.grad is None else t.grad.clone()
-        t.grad = None
-    return grads
-
-
 def op(inputs):
     """The public function when the case matches its signature; the custom op with the same checks
     otherwise (a package with a bias, run without one)."""
@@ -163,14 +175,14 @@ def check_against_reference(inputs, dc, dtype):
     (c, got), (c_ref, ref) = run_both(inputs, dc)
     # Forward first: a wrong output makes every gradient suspect.
     assert c.dtype == c_ref.dtype, f"C dtype {c.dtype} != {c_ref.dtype}"
-    assert_gemm_close("C", c, c_ref, dtype)
+    assert_scaled_close("C", c, c_ref, dtype)
     # Then each gradient on its own, in its input's dtype.
     for label, name in GRAD_CHECKS:
         if name in inputs:
             assert (
                 got[name].dtype == inputs[name].dtype
             ), f"{label} dtype {got[name].dtype} != {inputs[name].dtype}"
-            assert_gemm_close(label, got[name], ref[name], dtype)
+            assert_scaled_close(label, got[name], ref[name], dtype)
 
 
 @requires_cuda
@@ -221,7 +233,7 @@ def test_expanded_dc():
     matmul_reference(*inputs.values()).sum().backward()
     ref = grads_of(inputs)
     for label, name in GRAD_CHECKS:
-        assert_gemm_close(label, got[name], ref[name], dtype)
+        assert_scaled_close(label, got[name], ref[name], dtype)
 
 
 @requires_cuda
@@ -235,7 +247,7 @@ def test_only_requested_gradients(frozen):
     assert got[frozen] is None
     for label, name in GRAD_CHECKS:
         if name != frozen:
-            assert_gemm_close(label, got[name], ref[name], dtype)
+            assert_scaled_close(label, got[name], ref[name], dtype)
 
 
 @requires_cuda
@@ -279,17 +291,10 @@ def test_comparison_catches_broken_gradients():
     inputs, dc = make_inputs(SQUARE_SHAPE, dtype, autograd.BIAS)
     (_, got), (_, ref) = run_both(inputs, dc)
     for label, name in GRAD_CHECKS:
-        assert_gemm_close(label, got[name], ref[name], dtype)
-        broken = [
-            ("doubled", 2 * got[name]),
-            ("zeroed", torch.zeros_like(got[name])),
-            ("sign-flipped", -got[name]),
-        ]
-        for how, value in broken:
-            assert_gemm_differs(label, how, value, ref[name], dtype)
+        assert_catches_broken(label, got[name], ref[name], dtype)
     assert got["a"].shape == got["b"].shape
-    assert_gemm_differs("dA", "swapped (dB as)", got["b"], ref["a"], dtype)
-    assert_gemm_differs("dB", "swapped (dA as)", got["a"], ref["b"], dtype)
+    assert_differs("dA", "swapped (dB as)", got["b"], ref["a"], dtype)
+    assert_differs("dB", "swapped (dA as)", got["a"], ref["b"], dtype)
 
 
 def compile_case():
@@ -325,9 +330,9 @@ def test_torch_compile_fullgraph():
     out = torch.compile(fn, fullgraph=True)(*inputs.values())
     out.backward(grad_out)
     compiled = grads_of(inputs)
-    assert_gemm_close("compiled output", out, eager_out, dtype)
+    assert_scaled_close("compiled output", out, eager_out, dtype)
     for name in eager:
-        assert_gemm_close(f"compiled d{name}", compiled[name], eager[name], dtype)
+        assert_scaled_close(f"compiled d{name}", compiled[name], eager[name], dtype)
 
 
 @requires_cuda
