@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -148,46 +150,94 @@ def build(
     with user_errors():
         started = time.perf_counter()
         generated = _generate_all(_spec_paths(specs or []))
-        rows = {}
-        for gen in generated:
-            result = write(gen, Path.cwd())
-            rows[gen.spec_path] = [gen.spec_path, str(result.written), str(result.unchanged), "-", "-"]
+        rows = {gen.spec_path: [gen.spec_path, "-", "-", "-", "-"] for gen in generated}
+        # Compile first, from a scratch copy of each kernels.py: a spec whose kernels do not
+        # compile writes nothing, and its last good package stays as it was.
         failures = [] if no_compile else _compile(generated, rows, jobs)
+        failed = {f.spec for f in failures}
+        for gen in generated:
+            if gen.spec_path in failed:
+                rows[gen.spec_path][1:3] = ["0 (compile failed)", "-"]
+                continue
+            result = write(gen, Path.cwd())
+            rows[gen.spec_path][1:3] = [str(result.written), str(result.unchanged)]
         table = Table("spec", "written", "unchanged", "kernels compiled", "compile s", box=None)
         for row in rows.values():
             table.add_row(*row)
         out.print(table)
         out.print(f"done in {time.perf_counter() - started:.1f} s")
         if failures:
-            for f in failures:
-                err.print(f"{f.spec}: kernel {f.label}: compile failed:\n  "
-                          + f.error.replace("\n", "\n  "), markup=False)
-            raise CheckFailed(f"{len(failures)} kernel(s) failed the compile check")
+            for failure in failures:
+                err.print(failure.message(), markup=False)
+            raise CheckFailed(
+                f"{sum(len(f.labels) for f in failures)} kernel(s) failed the compile check; "
+                f"nothing written for {', '.join(sorted(failed))}"
+            )
 
 
-def _compile(generated: list[Generated], rows: dict[str, list[str]], jobs: Optional[int]):
+# TileLang's words when a tile and the threads of its phase have no common fragment layout.
+LAYOUT_CONFLICT = "Layout infer conflict"
+
+
+@dataclass(frozen=True)
+class CompileFailure:
+    """The kernel instances of one factory that failed with one error."""
+
+    spec: str
+    factory: str
+    section: str  # the spec's tiling section of that kernel
+    error: str
+    labels: tuple[str, ...]
+
+    def message(self) -> str:
+        shown = ", ".join(self.labels[:3]) + (f", and {len(self.labels) - 3} more"
+                                               if len(self.labels) > 3 else "")
+        text = (f"{self.spec}: kernel {self.factory} failed the compile check in "
+                f"{len(self.labels)} variant(s) ({shown}):\n  " + self.error.replace("\n", "\n  "))
+        if LAYOUT_CONFLICT in self.error:
+            text += (f"\n  hint: the tile sizes and threads of {self.section} do not fit one "
+                     "another in TileLang's layout inference (for example 64 rows over 256 "
+                     f"threads); change {self.section}.threads or its block sizes")
+        return text
+
+
+def _compile(generated: list[Generated], rows: dict[str, list[str]],
+             jobs: Optional[int]) -> list[CompileFailure]:
+    with tempfile.TemporaryDirectory(prefix="opgen-compile-") as scratch:
+        work = []
+        for gen in generated:
+            kernels = Path(scratch) / gen.name / "kernels.py"
+            kernels.parent.mkdir()
+            kernels.write_text(gen.files["kernels.py"], encoding="utf-8")
+            work += [(gen.spec_path, kernels, job) for job in gen.plan.compile_jobs]
+        results = _compile_with_progress(work, jobs)
+    for gen in generated:
+        mine = [r for r in results if r.spec == gen.spec_path]
+        rows[gen.spec_path][3] = f"{sum(r.ok for r in mine)}/{len(gen.plan.compile_jobs)}"
+        rows[gen.spec_path][4] = f"{sum(r.seconds for r in mine):.1f}"
+    sections = {(gen.spec_path, k.factory): f"tiling.{key}"
+                for gen in generated for key, k in gen.plan.kernels.items()}
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for (_, _, job), result in zip(work, results, strict=True):
+        if not result.ok:
+            grouped.setdefault((result.spec, job.factory, result.error), []).append(result.label)
+    return [CompileFailure(spec, factory, sections.get((spec, factory), "tiling"), error,
+                           tuple(labels))
+            for (spec, factory, error), labels in grouped.items()]
+
+
+def _compile_with_progress(work, jobs: Optional[int]):
     from opgen.compile import compile_all
 
-    work = [(gen.spec_path, Path.cwd() / gen.out_dir / "kernels.py", job)
-            for gen in generated for job in gen.plan.compile_jobs]
-    seconds: dict[str, float] = {}
-    ok: dict[str, int] = {}
     columns = (TextColumn("compile check (sm_90a)"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("{task.description}"))
     with Progress(*columns, console=err, transient=False) as progress:
         task = progress.add_task("", total=len(work))
 
         def done(result) -> None:
-            seconds[result.spec] = seconds.get(result.spec, 0.0) + result.seconds
-            ok[result.spec] = ok.get(result.spec, 0) + result.ok
             progress.update(task, advance=1, description=result.label)
 
-        results = compile_all(work, workers=jobs, on_done=done) if work else []
-    for gen in generated:
-        total = len(gen.plan.compile_jobs)
-        rows[gen.spec_path][3] = f"{ok.get(gen.spec_path, 0)}/{total}"
-        rows[gen.spec_path][4] = f"{seconds.get(gen.spec_path, 0):.1f}"
-    return [r for r in results if not r.ok]
+        return compile_all(work, workers=jobs, on_done=done) if work else []
 
 
 @app.command()

@@ -62,6 +62,27 @@ def test_build_compiles_every_kernel(tmp_path, run_opgen):
     assert (tmp_path / "generated/small/kernels.py").is_file()
 
 
+def test_build_that_fails_the_compile_check_writes_nothing(tmp_path, run_opgen):
+    """A tiling the spec accepts but TileLang cannot lower (64 rows over 256 threads in the bwd)
+    fails the build with one grouped message and a hint, and leaves the last good package."""
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs/small.toml").write_text(SMALL)
+    assert run_opgen("build", "specs/small.toml", "--no-compile", cwd=tmp_path).returncode == 0
+    before = {p: p.read_bytes() for p in (tmp_path / "generated").rglob("*") if p.is_file()}
+    (tmp_path / "specs/small.toml").write_text(SMALL + "\n[tiling.bwd]\nblock_m = 64\n")
+    result = run_opgen("build", "specs/small.toml", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "specs/small.toml: kernel small_bwd failed the compile check in 2 variant(s)" in result.stderr
+    assert "Layout infer conflict" in result.stderr
+    assert "hint: the tile sizes and threads of tiling.bwd do not fit" in result.stderr
+    assert result.stderr.rstrip().endswith(
+        "2 kernel(s) failed the compile check; nothing written for specs/small.toml"
+    )
+    assert "0 (compile failed)" in result.stdout
+    after = {p: p.read_bytes() for p in (tmp_path / "generated").rglob("*") if p.is_file()}
+    assert after == before
+
+
 def _build(root: Path, name: str, text: str):
     """Write specs/<name>.toml, render it and write generated/<name>/ (no compile)."""
     (root / "specs").mkdir(exist_ok=True)
