@@ -433,3 +433,21 @@ def test_run_commands_need_a_built_package(project, cli, command):
     result = cli(command, "nope")
     assert result.exit_code == 2
     assert "generated/nope/ does not exist; run `opgen build` first" in result.stderr
+
+
+def test_compile_failure_message_groups_variants_and_hints_at_layout_conflicts():
+    from opgen.cli import CompileFailure
+
+    labels = tuple(f"bwd bshd float16 d64 v{i}" for i in range(5))
+    conflict = CompileFailure("specs/a.toml", "a_bwd", "tiling.bwd",
+                              "InternalError: Layout infer conflict between x and y\n  loop ...", labels)
+    text = conflict.message()
+    assert text.startswith("specs/a.toml: kernel a_bwd failed the compile check in 5 variant(s) "
+                           "(bwd bshd float16 d64 v0, bwd bshd float16 d64 v1, "
+                           "bwd bshd float16 d64 v2, and 2 more):\n  InternalError: Layout infer")
+    assert text.endswith("hint: the tile sizes and threads of tiling.bwd do not fit one another in "
+                         "TileLang's layout inference (for example 64 rows over 256 threads); "
+                         "change tiling.bwd.threads or its block sizes")
+    other = CompileFailure("specs/a.toml", "a_fwd", "tiling.fwd", "TypeError: boom", labels[:1])
+    assert other.message() == ("specs/a.toml: kernel a_fwd failed the compile check in 1 variant(s) "
+                               "(bwd bshd float16 d64 v0):\n  TypeError: boom")

@@ -188,8 +188,8 @@ def test_every_field_error_is_reported_at_once(project):
 
 
 def test_partial_tiling_override_keeps_the_other_defaults(project):
-    spec = load(project, MINIMAL + "[tiling.bwd]\nblock_m = 64\n")
-    assert spec.tiling.bwd.model_dump() == dict(block_m=64, block_n=32, threads=256, num_stages=2)
+    spec = load(project, MINIMAL + "[tiling.bwd]\nblock_n = 64\n")
+    assert spec.tiling.bwd.model_dump() == dict(block_m=128, block_n=64, threads=256, num_stages=2)
     assert spec.tiling.fwd == DEFAULT_TILING["fwd"]
     assert spec.tiling.preprocess == DEFAULT_TILING["preprocess"]
     assert spec.tiling.postprocess == DEFAULT_TILING["postprocess"]
@@ -205,8 +205,8 @@ def test_partial_override_of_two_phases(project):
 
 
 def test_tiling_override_does_not_leak_into_the_defaults(project):
-    load(project, MINIMAL + "[tiling.bwd]\nblock_m = 64\n")
-    assert load(project, MINIMAL).tiling.bwd.block_m == 128
+    load(project, MINIMAL + "[tiling.bwd]\nblock_n = 64\n")
+    assert load(project, MINIMAL).tiling.bwd.block_n == 32
 
 
 @pytest.mark.parametrize(
@@ -303,11 +303,30 @@ def test_bad_tolerances(project, text):
 
 def test_smem_over_the_sm90_limit(project):
     found = problems(
-        project, MINIMAL + "[tiling.bwd]\nblock_m = 256\nblock_n = 256\nnum_stages = 4\n"
+        project, MINIMAL + "[tiling.bwd]\nblock_m = 256\nblock_n = 256\nthreads = 512\nnum_stages = 4\n"
     )
     assert [field for field, _ in found] == ["tiling.bwd", "tiling.bwd"]
     assert "at head_dim 64, over the sm_90 limit of 227 KB" in found[0][1]
     assert "at head_dim 128, over the sm_90 limit of 227 KB" in found[1][1]
+
+
+@pytest.mark.parametrize(
+    "block_m, threads, fits",
+    [(64, 128, True), (128, 128, True), (256, 128, True), (128, 256, True), (256, 512, True),
+     (32, 128, False), (64, 256, False), (256, 256, False), (64, 512, False), (128, 512, False)],
+)
+def test_rows_over_threads_follow_tilelang_layouts(project, block_m, threads, fits):
+    """The block_m x threads pairs that the compile sweep in docs/compile-sweeps/ found to lower
+    (fits) or to fail TileLang's layout inference, for both GEMM phases."""
+    for phase in ("fwd", "bwd"):
+        text = MINIMAL + f"[tiling.{phase}]\nblock_m = {block_m}\nthreads = {threads}\n"
+        try:
+            load(project, text)
+            found = []
+        except SpecError as exc:
+            found = exc.problems
+        layout = [m for f, m in found if f == f"tiling.{phase}" and "has no TileLang layout" in m]
+        assert bool(layout) != fits, (phase, found)
 
 
 def test_test_shapes_need_a_tail_block(project):

@@ -312,6 +312,23 @@ def _problems(spec: Spec):
             yield f"tiling.{phase}.threads", (
                 f"must be a multiple of 128 (whole warpgroups for WGMMA) (got {tiling.threads})"
             )
+        elif not warpgroup_rows_fit(tiling):
+            groups = tiling.threads // 128
+            yield f"tiling.{phase}", (
+                f"block_m = {tiling.block_m} over {tiling.threads} threads has no TileLang "
+                f"layout: use block_m = 64 * threads / 128 (= {64 * groups}), or threads = 128 "
+                "with block_m >= 64"
+            )
+
+
+def warpgroup_rows_fit(tiling: GemmTiling) -> bool:
+    """Whether TileLang 0.1.15 finds one fragment layout for the [block_m, block_n] score tile of
+    the fwd/bwd kernels: each of the threads / 128 warpgroups takes 64 rows, or a lone warpgroup
+    takes block_m >= 64 rows. Found by compiling every block_m (32-256) x block_n (16-128) x
+    threads (128-512) of both kernels; every other pair fails layout inference
+    (docs/compile-sweeps/)."""
+    groups = tiling.threads // 128
+    return tiling.block_m == 64 * groups or (groups == 1 and tiling.block_m >= 64)
 
 
 def smem_bytes(phase: str, tiling: GemmTiling, dim: int) -> int:
