@@ -15,7 +15,6 @@ from pydantic import Field, StrictBool, model_validator
 
 from opgen.errors import OpgenError
 from opgen.plan import (
-    custom_op_names,
     DTYPE_BYTES,
     SM90_SMEM_LIMIT,
     TORCH_DTYPES,
@@ -23,6 +22,7 @@ from opgen.plan import (
     GradPlan,
     KernelPlan,
     SourceInfo,
+    custom_op_names,
     format_bytes,
     require_every_gradient_checked,
 )

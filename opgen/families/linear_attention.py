@@ -31,7 +31,6 @@ from pydantic import model_validator
 
 from opgen.errors import OpgenError
 from opgen.plan import (
-    custom_op_names,
     DTYPE_BYTES,
     SM90_SMEM_LIMIT,
     TORCH_DTYPES,
@@ -39,6 +38,7 @@ from opgen.plan import (
     GradPlan,
     KernelPlan,
     SourceInfo,
+    custom_op_names,
     format_bytes,
     require_every_gradient_checked,
 )

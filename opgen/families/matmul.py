@@ -21,7 +21,6 @@ from pydantic import StrictBool, model_validator
 
 from opgen.errors import OpgenError
 from opgen.plan import (
-    custom_op_names,
     DTYPE_BYTES,
     SM90_SMEM_LIMIT,
     TORCH_DTYPES,
@@ -29,6 +28,7 @@ from opgen.plan import (
     GradPlan,
     KernelPlan,
     SourceInfo,
+    custom_op_names,
     format_bytes,
     require_every_gradient_checked,
 )

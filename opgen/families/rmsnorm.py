@@ -25,7 +25,6 @@ from pydantic import AfterValidator, Field, model_validator
 
 from opgen.errors import OpgenError
 from opgen.plan import (
-    custom_op_names,
     DTYPE_BYTES,
     SM90_SMEM_LIMIT,
     TORCH_DTYPES,
@@ -33,6 +32,7 @@ from opgen.plan import (
     GradPlan,
     KernelPlan,
     SourceInfo,
+    custom_op_names,
     format_bytes,
     require_every_gradient_checked,
 )

@@ -22,13 +22,13 @@ from pydantic import Field, model_validator
 
 from opgen.errors import OpgenError
 from opgen.plan import (
-    custom_op_names,
     DTYPE_BYTES,
     TORCH_DTYPES,
     CompileJob,
     GradPlan,
     KernelPlan,
     SourceInfo,
+    custom_op_names,
     format_bytes,
     require_every_gradient_checked,
 )
