@@ -7,6 +7,7 @@ relative to it, so every test that renders or runs the CLI first chdirs: to the 
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
@@ -24,6 +25,13 @@ from opgen.spec import read_spec, validate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TESTS_DIR = REPO_ROOT / "tests"
+
+def import_generated(package: str, module: str):
+    """generated.<package>.<module> of the committed tree (imports torch and tilelang only)."""
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    return importlib.import_module(f"generated.{package}.{module}")
+
 
 # Golden trees are generated packages (with their own test_*.py); they are data here, not tests.
 collect_ignore_glob = ["golden/*"]

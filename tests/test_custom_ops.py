@@ -11,23 +11,19 @@ kernels on the GPU (torch.library.opcheck) and run torch.compile(fullgraph=True)
 
 from __future__ import annotations
 
-import importlib
-import sys
 from dataclasses import dataclass, field
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, import_generated
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 
 
 def autograd_module(package: str):
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    return importlib.import_module(f"generated.{package}.autograd")
+    return import_generated(package, "autograd")
 
 
 def tensor(shape, dtype, grad=True):
@@ -115,7 +111,7 @@ def test_fake_forward_and_backward_give_the_inputs_shapes(package, make):
     """Output and every gradient through the registered autograd formula, with fake tensors:
     each gradient has its input's shape and dtype, and the output has the reference's."""
     module = autograd_module(package)
-    reference = importlib.import_module(f"generated.{package}.reference")
+    reference = import_generated(package, "reference")
     ref_fn = getattr(reference, f"{package}_reference")
     with FakeTensorMode():
         case = make()

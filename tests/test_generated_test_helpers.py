@@ -4,21 +4,16 @@ The generated tests that use them need a GPU; the helpers themselves do not."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import pytest
 import torch
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, import_generated
 
 PACKAGES = sorted(p.name for p in (REPO_ROOT / "generated").iterdir() if (p / "__init__.py").exists())
 
 
 def generated_test_module(package: str):
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    return importlib.import_module(f"generated.{package}.test_{package}")
+    return import_generated(package, f"test_{package}")
 
 
 @pytest.mark.parametrize("package", PACKAGES)
