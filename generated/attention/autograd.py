@@ -96,6 +96,11 @@ def check_inputs(q, k, v, causal, window, layout):
             f"attention: k and v must have one shape, with q's batch, seq_len and head_dim "
             f"(got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, layout {layout!r})"
         )
+    # batch, heads or seq_len 0 is empty work (an empty result), but a query head needs a KV head.
+    if kv_heads == 0 and heads:
+        raise ValueError(
+            f"attention: k and v have 0 heads but q has {heads}: every query head needs a KV head"
+        )
     if kv_heads != heads:
         raise ValueError(
             f"attention: q, k and v must have one number of heads (got {heads} and {kv_heads}); "
@@ -111,6 +116,9 @@ def check_inputs(q, k, v, causal, window, layout):
 def run_forward(q, k, v, causal, window, layout):
     """The forward kernel: returns O and lse (fp32, log2 domain)."""
     batch, heads, seq_len, head_dim = dims(q, layout)
+    if q.numel() == 0:
+        # batch, heads or seq_len 0: empty work builds and launches no kernel.
+        return q.new_empty(q.shape), q.new_empty((batch, heads, seq_len), dtype=torch.float32)
     kv_heads = dims(k, layout)[1]
     fwd = attention_fwd(
         batch,
@@ -141,6 +149,10 @@ def run_backward(
     dv_reduction=DV_REDUCTION,
 ):
     """Every backward phase in order; returns dq, dk, dv."""
+    if q.numel() == 0:
+        # Empty work builds and launches no kernel. Each gradient is a sum over no terms: zeros
+        # of its input's shape (empty where the input is).
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     batch, heads, seq_len, head_dim = dims(q, layout)
     kv_heads = dims(k, layout)[1]
     groups = heads // kv_heads
@@ -266,6 +278,8 @@ def attention(q, k, v, causal=False, layout="bshd"):
     """Softmax attention softmax(q k^T / sqrt(head_dim)) v, differentiable in q, k, v.
 
     q, k, v: [batch, seq_len, heads, head_dim] for layout 'bshd'; [batch, heads, seq_len, head_dim] for layout 'bhsd'.
+    batch, heads (k's and v's too) or seq_len 0 is empty work: an empty O, zero gradients (empty
+    for empty inputs), no kernel launch.
     """
     check_inputs(q, k, v, causal, None, layout)
     return apply_op(q, k, v, causal, None, layout)

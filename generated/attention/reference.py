@@ -12,8 +12,8 @@ def attention_reference(q, k, v, causal=False, layout="bshd"):
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     batch, heads, seq_len, head_dim = q.shape
-    groups = heads // k.shape[1]
-    # Each KV head serves `groups` consecutive query heads.
+    # Each KV head serves `groups` consecutive query heads (k with 0 heads comes with q's 0).
+    groups = heads // max(k.shape[1], 1)
     k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * head_dim**-0.5
     query = torch.arange(seq_len, device=q.device)[:, None]

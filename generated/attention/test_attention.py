@@ -12,6 +12,7 @@ Run on a CUDA machine: pytest generated/attention"""
 import pytest
 import torch
 
+from . import autograd
 from .autograd import (
     DK_REDUCTION,
     DTYPE_NAMES,
@@ -56,6 +57,11 @@ DTYPES = [torch.float16, torch.bfloat16]
 LAYOUTS = ["bshd", "bhsd"]
 # The shape of the atomic double-run check: a grouped one (heads > kv_heads) where there is one.
 ATOMIC_SHAPE = (2, 4, 4, 1000, 64)
+# ATOMIC_SHAPE with batch, heads (and kv_heads) or seq_len 0: empty work.
+EMPTY_SHAPES = [
+    pytest.param(*(0 if i in zeroed else n for i, n in enumerate(ATOMIC_SHAPE)), id=label)
+    for label, zeroed in (("batch0", (0,)), ("heads0", (1, 2)), ("seq_len0", (3,)))
+]
 
 # (rtol, atol) per dtype, from the spec's [test.tolerance].
 TOLERANCES = {
@@ -99,6 +105,15 @@ def assert_differs(name, how, actual, expected, dtype):
     except AssertionError:
         return
     pytest.fail(f"a {how} {name} passed the comparison")
+
+
+def assert_equal(name, actual, expected):
+    """Same shape, dtype and values: for results that no kernel computes (empty work)."""
+    assert (actual.shape, actual.dtype) == (
+        expected.shape,
+        expected.dtype,
+    ), f"{name}: {tuple(actual.shape)} {actual.dtype} != {tuple(expected.shape)} {expected.dtype}"
+    assert torch.equal(actual, expected), f"{name} differs from the reference's"
 
 
 def assert_catches_broken(name, got, ref, dtype):
@@ -302,8 +317,56 @@ def test_custom_ops_pass_opcheck():
         torch.library.opcheck(op, args)
 
 
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Every kernel factory the custom ops call replaced by one that fails the test: bad inputs
+    must raise first, and empty work must build and launch nothing."""
+
+    def trap(*args, **kwargs):
+        pytest.fail("a kernel was built or launched for inputs that need none")
+
+    for factory in [
+        "attention_fwd",
+        "attention_bwd_preprocess",
+        "attention_bwd",
+        "attention_bwd_postprocess",
+    ]:
+        monkeypatch.setattr(autograd, factory, trap)
+
+
 @requires_cuda
-def test_rejects_bad_inputs_before_launch():
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("batch, heads, kv_heads, seq_len, head_dim", EMPTY_SHAPES)
+def test_empty_inputs(batch, heads, kv_heads, seq_len, head_dim, layout, no_launch):
+    """Empty work launches no kernel; the output and every gradient are the reference's (empty,
+    or zeros for a non-empty input)."""
+    causal, window = MASKS[-1].values
+    dtype = DTYPES[0]
+    inputs, do = make_inputs(batch, heads, kv_heads, seq_len, head_dim, dtype, layout)
+    o = attention(*inputs.values(), causal=causal, layout=layout)
+    o.backward(do)
+    got = grads_of(inputs)
+    o_ref = attention_reference(*inputs.values(), causal=causal, layout=layout)
+    o_ref.backward(do)
+    ref = grads_of(inputs)
+    assert_equal("O", o, o_ref)
+    for name in ref:
+        assert_equal(f"d{name}", got[name], ref[name])
+
+
+@requires_cuda
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_rejects_empty_kv_heads(layout, no_launch):
+    """k and v with 0 heads next to a q with some are a shape error, not empty work."""
+    batch, heads, _, seq_len, head_dim = ATOMIC_SHAPE
+    causal, window = MASKS[-1].values
+    inputs, _ = make_inputs(batch, heads, 0, seq_len, head_dim, DTYPES[0], layout)
+    with pytest.raises(ValueError, match="k and v have 0 heads"):
+        attention(*inputs.values(), causal=causal, layout=layout)
+
+
+@requires_cuda
+def test_rejects_bad_inputs_before_launch(no_launch):
     batch, heads, kv_heads, seq_len, head_dim = SHAPES[0].values
     causal, window = MASKS[-1].values
     layout = LAYOUTS[0]

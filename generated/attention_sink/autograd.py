@@ -100,7 +100,12 @@ def check_inputs(q, k, v, sinks, causal, window, layout):
             f"attention_sink: k and v must have one shape, with q's batch, seq_len and head_dim "
             f"(got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, layout {layout!r})"
         )
-    if heads % kv_heads:
+    # batch, heads or seq_len 0 is empty work (an empty result), but a query head needs a KV head.
+    if kv_heads == 0 and heads:
+        raise ValueError(
+            f"attention_sink: k and v have 0 heads but q has {heads}: every query head needs a KV head"
+        )
+    if kv_heads and heads % kv_heads:
         raise ValueError(
             f"attention_sink: q's heads ({heads}) must be a multiple of k's and v's heads ({kv_heads})"
         )
@@ -121,6 +126,9 @@ def check_inputs(q, k, v, sinks, causal, window, layout):
 def run_forward(q, k, v, sinks, causal, window, layout):
     """The forward kernel: returns O and lse (fp32, log2 domain)."""
     batch, heads, seq_len, head_dim = dims(q, layout)
+    if q.numel() == 0:
+        # batch, heads or seq_len 0: empty work builds and launches no kernel.
+        return q.new_empty(q.shape), q.new_empty((batch, heads, seq_len), dtype=torch.float32)
     kv_heads = dims(k, layout)[1]
     fwd = attention_sink_fwd(
         batch,
@@ -152,6 +160,15 @@ def run_backward(
     dv_reduction=DV_REDUCTION,
 ):
     """Every backward phase in order; returns dq, dk, dv, dsinks."""
+    if q.numel() == 0:
+        # Empty work builds and launches no kernel. Each gradient is a sum over no terms: zeros
+        # of its input's shape (empty where the input is).
+        return (
+            torch.zeros_like(q),
+            torch.zeros_like(k),
+            torch.zeros_like(v),
+            torch.zeros_like(sinks),
+        )
     batch, heads, seq_len, head_dim = dims(q, layout)
     kv_heads = dims(k, layout)[1]
     groups = heads // kv_heads
@@ -288,6 +305,8 @@ def attention_sink(q, k, v, sinks, causal=True, window=None, layout="bshd"):
     """Softmax attention softmax(q k^T / sqrt(head_dim)) v, differentiable in q, k, v, sinks.
 
     q, k, v: [batch, seq_len, heads, head_dim] for layout 'bshd'.
+    batch, heads (k's and v's too) or seq_len 0 is empty work: an empty O, zero gradients (empty
+    for empty inputs), no kernel launch.
     """
     check_inputs(q, k, v, sinks, causal, window, layout)
     return apply_op(q, k, v, sinks, causal, window, layout)

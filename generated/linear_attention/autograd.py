@@ -36,7 +36,7 @@ def check_aligned(q, k, v):
     """The one input check that reads data pointers, which torch.compile cannot trace: the forward
     op runs it on the real tensors, still before any launch."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if misaligned(t):
+        if t.numel() and misaligned(t):  # an empty tensor is never read
             raise ValueError(
                 f"linear_attention: {name} must start at a {ALIGNMENT}-byte aligned address (a view at "
                 f"storage offset {t.storage_offset()} does not); pass a copy (.clone())"
@@ -83,13 +83,10 @@ def check_inputs(q, k, v):
         raise ValueError(
             f"linear_attention: v must be [B, S, H, Dv] with q's B, S, H {tuple(q.shape[:3])} (got {tuple(v.shape)})"
         )
-    if q.numel() == 0 or v.numel() == 0:
+    # B, S or H 0 is empty work (an empty result); the head dims are the kernels' build arguments.
+    if not (1 <= q.shape[3] <= MAX_HEAD_DIM and 1 <= v.shape[3] <= MAX_HEAD_DIM):
         raise ValueError(
-            f"linear_attention: every dim must be >= 1 (got q {tuple(q.shape)}, v {tuple(v.shape)})"
-        )
-    if max(q.shape[3], v.shape[3]) > MAX_HEAD_DIM:
-        raise ValueError(
-            f"linear_attention: head dims must be at most {MAX_HEAD_DIM} (got Dk = {q.shape[3]}, Dv = {v.shape[3]})"
+            f"linear_attention: head dims must be 1 to {MAX_HEAD_DIM} (got Dk = {q.shape[3]}, Dv = {v.shape[3]})"
         )
     for name, t in tensors:
         if not t.is_contiguous():
@@ -114,8 +111,10 @@ def sizes(q, v):
 
 def run_forward(q, k, v):
     """O [B, S, H, Dv] in q's dtype, written once per element."""
-    args = sizes(q, v)
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    if o.numel() == 0:
+        return o  # B, S or H 0: empty work builds and launches no kernel
+    args = sizes(q, v)
     linear_attention_fwd(*args, DTYPE_NAMES[q.dtype], scale_for(args[3]), **FWD_TILING)(q, k, v, o)
     return o
 
@@ -139,6 +138,10 @@ def backward_into(q, k, v, do, dq, dk, dv):
 
 def run_backward(q, k, v, do):
     """(dQ, dK, dV) in the inputs' dtype: fp32 atomics into zeroed buffers, cast on the host."""
+    if q.numel() == 0:
+        # Empty work builds and launches no kernel. Each gradient is a sum over no terms: zeros
+        # of its input's shape (empty where the input is).
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dq, dk, dv = zeroed_grad_buffers(q, v)
     backward_into(q, k, v, do, dq, dk, dv)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
@@ -200,7 +203,8 @@ def linear_attention(q, k, v):
     """Causal linear attention O_t = scale * sum_{s <= t} (q_t . k_s) v_s, scale dim_k ** -0.5; differentiable in q, k, v.
 
     q, k: [B, S, H, Dk], v: [B, S, H, Dv], torch.float16 or torch.bfloat16, one CUDA device,
-    contiguous; Dk, Dv <= 256. Returns O [B, S, H, Dv] in q's dtype.
+    contiguous; 1 <= Dk, Dv <= 256. Returns O [B, S, H, Dv] in q's dtype. B, S or H
+    0 is empty work: an empty O and gradients, no kernel launch.
     """
     check_inputs(q, k, v)
     return apply_op(q, k, v)

@@ -7,7 +7,7 @@ tolerances (atol relative to the largest |reference| of the tensor: outputs grow
 error in every message and the cosine similarity on failure. Sequence lengths that are not a
 multiple of the chunk; the atomic double-run check on the three fp32 buffers; a check that the
 comparison catches swapped, doubled, zeroed and sign-flipped gradients; bad inputs rejected before
-any launch. No gradcheck: it misses doubled and zeroed gradients at these tolerances.
+any launch; empty inputs give the reference's empty results with no launch. No gradcheck: it misses doubled and zeroed gradients at these tolerances.
 
 Run on a CUDA machine: pytest generated/linear_attention"""
 
@@ -34,10 +34,10 @@ TAIL_SHAPE = (1, 77, 2, 64, 128)
 DTYPES = [torch.float16, torch.bfloat16]
 # (label, input) in the order the gradients are asserted.
 GRAD_CHECKS = [("dV", "v"), ("dK", "k"), ("dQ", "q")]
-# Every kernel factory the custom ops launch: replaced by a trap in the bad-input tests.
-FACTORIES = [
-    "linear_attention_fwd",
-    "linear_attention_bwd",
+# TAIL_SHAPE with batch, seq_len or heads 0: empty work.
+EMPTY_SHAPES = [
+    pytest.param(tuple(0 if i == zeroed else n for i, n in enumerate(TAIL_SHAPE)), id=label)
+    for label, zeroed in (("batch0", 0), ("seq_len0", 1), ("heads0", 2))
 ]
 
 # (rtol, atol) per dtype, from the spec's [test.tolerance].
@@ -82,6 +82,15 @@ def assert_differs(name, how, actual, expected, dtype):
     except AssertionError:
         return
     pytest.fail(f"a {how} {name} passed the comparison")
+
+
+def assert_equal(name, actual, expected):
+    """Same shape, dtype and values: for results that no kernel computes (empty work)."""
+    assert (actual.shape, actual.dtype) == (
+        expected.shape,
+        expected.dtype,
+    ), f"{name}: {tuple(actual.shape)} {actual.dtype} != {tuple(expected.shape)} {expected.dtype}"
+    assert torch.equal(actual, expected), f"{name} differs from the reference's"
 
 
 def assert_catches_broken(name, got, ref, dtype):
@@ -251,13 +260,26 @@ def test_custom_ops_pass_opcheck():
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    """Every kernel factory replaced by one that fails the test: bad inputs must raise first."""
+    """Every kernel factory the custom ops call replaced by one that fails the test: bad inputs
+    must raise first, and empty work must build and launch nothing."""
 
     def trap(*args, **kwargs):
-        pytest.fail("a kernel was built or launched for inputs the checks should have rejected")
+        pytest.fail("a kernel was built or launched for inputs that need none")
 
-    for factory in FACTORIES:
+    for factory in ["linear_attention_fwd", "linear_attention_bwd"]:
         monkeypatch.setattr(autograd, factory, trap)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("shape", EMPTY_SHAPES)
+def test_empty_inputs(shape, dtype, no_launch):
+    """Empty work launches no kernel; the output and every gradient are the reference's (empty)."""
+    inputs, do = make_inputs(shape, dtype)
+    (o, got), (o_ref, ref) = run_both(inputs, do)
+    assert_equal("O", o, o_ref)
+    for label, name in GRAD_CHECKS:
+        assert_equal(label, got[name], ref[name])
 
 
 @requires_cuda
@@ -282,9 +304,9 @@ def test_rejects_bad_inputs_before_launch(no_launch):
         linear_attention(q, k[:, :-1].contiguous(), v)
     with pytest.raises(ValueError, match="v must be"):
         linear_attention(q, k, v[:, :-1].contiguous())
-    with pytest.raises(ValueError, match=">= 1"):
-        linear_attention(q[:, :0], k[:, :0], v[:, :0])
-    with pytest.raises(ValueError, match="at most"):
+    with pytest.raises(ValueError, match="head dims"):
+        linear_attention(q[..., :0], k[..., :0], v)
+    with pytest.raises(ValueError, match="head dims"):
         big = torch.zeros(
             batch, seq_len, heads, autograd.MAX_HEAD_DIM + 16, dtype=dtype, device="cuda"
         )

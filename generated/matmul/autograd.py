@@ -67,10 +67,6 @@ def check_inputs(a, b, bias):
             f"matmul: bias must be 1-D [N] = ({b.shape[1]},) for b of shape {tuple(b.shape)} "
             f"(got shape {tuple(bias.shape)})"
         )
-    if a.numel() == 0 or b.numel() == 0:
-        raise ValueError(
-            f"matmul: M, N and K must be >= 1 (got a {tuple(a.shape)}, b {tuple(b.shape)})"
-        )
     for name, t in tensors:
         if not t.is_contiguous():
             raise ValueError(
@@ -83,7 +79,9 @@ def check_aligned(a, b, bias):
     """Raise a clear error, before any launch, for a tensor that does not start on a 16-byte
     boundary. Called by the forward op, on real tensors."""
     for name, t in (("a", a), ("b", b), ("bias", bias)):
-        if t is not None and t.data_ptr() % ALIGNMENT:
+        if (
+            t is not None and t.numel() and t.data_ptr() % ALIGNMENT
+        ):  # an empty tensor is never read
             raise ValueError(
                 f"matmul: {name} must start at a {ALIGNMENT}-byte aligned address (a view at "
                 f"storage offset {t.storage_offset()} does not); pass a copy (.clone())"
@@ -102,7 +100,11 @@ def dense(t):
 def run_forward(a, b, bias):
     """C [..., M, N] = a [..., M, K] @ b [K, N] (+ bias [N]); the kernel sees a as [M, K]."""
     k, n = b.shape
-    m = a.numel() // k
+    m = a.shape[:-1].numel()
+    if 0 in (m, n, k):
+        # No kernel for empty work: a sum over K = 0 products is zeros (+ bias); M or N 0, empty.
+        c = torch.zeros((*a.shape[:-1], n), dtype=a.dtype, device=a.device)
+        return c if bias is None else c.add_(bias)
     fwd = matmul_fwd(m, n, k, DTYPE_NAMES[a.dtype], bias is not None, **FWD_TILING)
     # Written once per element. Allocated in its final shape: a custom op must not return a view.
     c = torch.empty((*a.shape[:-1], n), dtype=a.dtype, device=a.device)
@@ -113,6 +115,9 @@ def run_forward(a, b, bias):
 def run_da(dc, b, a_shape):
     """dA (a's shape) = dc [M, N] @ b^T, b [K, N] read transposed by the kernel."""
     (m, n), k = dc.shape, b.shape[0]
+    if 0 in (m, n, k):
+        # No kernel for empty work: a sum over N = 0 products is zeros; M or K 0, empty.
+        return torch.zeros(a_shape, dtype=dc.dtype, device=dc.device)
     da = torch.empty(a_shape, dtype=dc.dtype, device=dc.device)
     matmul_bwd_da(m, n, k, DTYPE_NAMES[dc.dtype], **DA_TILING)(dc, b, da.view(m, k))
     return da
@@ -121,6 +126,9 @@ def run_da(dc, b, a_shape):
 def run_db(a2, dc):
     """dB [K, N] = a2^T @ dc, a2 [M, K] read transposed by the kernel."""
     (m, k), n = a2.shape, dc.shape[1]
+    if 0 in (m, n, k):
+        # No kernel for empty work: a sum over M = 0 rows is zeros; K or N 0, empty.
+        return torch.zeros((k, n), dtype=dc.dtype, device=dc.device)
     db = torch.empty((k, n), dtype=dc.dtype, device=dc.device)
     matmul_bwd_db(m, n, k, DTYPE_NAMES[dc.dtype], **DB_TILING)(a2, dc, db)
     return db
@@ -139,6 +147,10 @@ def dbias_partials(dc):
 
 def run_dbias(dc):
     """dbias [N]: the partials summed in a fixed order (deterministic), cast to dc's dtype."""
+    m, n = dc.shape
+    if 0 in (m, n):
+        # No kernel for empty work: a sum over M = 0 rows is zeros; N = 0, empty.
+        return torch.zeros(n, dtype=dc.dtype, device=dc.device)
     return dbias_partials(dc).sum(0).to(dc.dtype)
 
 
@@ -205,10 +217,10 @@ def setup_context(ctx, inputs, output):
 def backward(ctx, dc):
     a, b = ctx.saved_tensors
     # An expanded (stride-0) or strided dC is copied once here, for every product.
-    dc = dc.to(a.dtype).contiguous().view(-1, b.shape[1])
+    dc = dc.to(a.dtype).contiguous().flatten(0, -2)
     # Only the gradients autograd asks for (a frozen weight b costs no dB GEMM).
     da = da_op(dc, b, list(a.shape)) if ctx.needs_input_grad[0] else None
-    db = db_op(a.view(-1, a.shape[-1]), dc) if ctx.needs_input_grad[1] else None
+    db = db_op(a.flatten(0, -2), dc) if ctx.needs_input_grad[1] else None
     # needs_input_grad[2] is False when bias is None.
     dbias = dbias_op(dc) if ctx.needs_input_grad[2] else None
     # One gradient per forward input.
@@ -231,6 +243,8 @@ def matmul(a, b, bias):
     b: [K, N], a's dtype.
     bias: [N], a's dtype.
     Every tensor on one CUDA device, contiguous. Returns C of shape [..., M, N], a's dtype.
+    M, N or K may be 0: C and every gradient are then what torch gives (a sum over an empty dim
+    is zeros: C = bias for K = 0), and empty work launches no kernel.
     """
     check_inputs(a, b, bias)
     return apply_op(a, b, bias)

@@ -6,8 +6,9 @@ Forward output first, then dA, dB and dbias, each compared on its own with the s
 tolerances (atol relative to the largest |reference| of the tensor: GEMM outputs grow like
 sqrt(K)); the max error in every message and the cosine similarity on failure. Shapes that are not
 a multiple of any block, skinny ones, a batched a; with and without a bias; a check that the comparison
-catches swapped, doubled, zeroed and sign-flipped gradients. No gradcheck: it misses doubled and
-zeroed gradients at these tolerances.
+catches swapped, doubled, zeroed and sign-flipped gradients; M, N or K 0 gives the reference's
+results with no launch. No gradcheck: it misses doubled and zeroed gradients at these
+tolerances.
 
 Run on a CUDA machine: pytest generated/matmul"""
 
@@ -50,13 +51,11 @@ BIASES = [
 ]
 # (label, input) in the order the gradients are asserted; bias only when the case has one.
 GRAD_CHECKS = [("dA", "a"), ("dB", "b"), ("dbias", "bias")]
-# Every kernel factory the custom ops launch: replaced by a trap in the bad-input tests.
-FACTORIES = [
-    "matmul_fwd",
-    "matmul_bwd_da",
-    "matmul_bwd_db",
-    "matmul_bwd_dbias",
-]
+# (shape, lead): TAIL_SHAPE with M, N or K 0, and a batched a with a batch of 0: empty work.
+EMPTY_CASES = [
+    pytest.param(tuple(0 if i == zeroed else n for i, n in enumerate(TAIL_SHAPE)), (), id=label)
+    for label, zeroed in (("m0", 0), ("n0", 1), ("k0", 2))
+] + [pytest.param(TAIL_SHAPE, (0,), id="batch0")]
 
 # (rtol, atol) per dtype, from the spec's [test.tolerance].
 TOLERANCES = {
@@ -100,6 +99,15 @@ def assert_differs(name, how, actual, expected, dtype):
     except AssertionError:
         return
     pytest.fail(f"a {how} {name} passed the comparison")
+
+
+def assert_equal(name, actual, expected):
+    """Same shape, dtype and values: for results that no kernel computes (empty work)."""
+    assert (actual.shape, actual.dtype) == (
+        expected.shape,
+        expected.dtype,
+    ), f"{name}: {tuple(actual.shape)} {actual.dtype} != {tuple(expected.shape)} {expected.dtype}"
+    assert torch.equal(actual, expected), f"{name} differs from the reference's"
 
 
 def assert_catches_broken(name, got, ref, dtype):
@@ -345,13 +353,31 @@ def test_custom_ops_pass_opcheck():
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    """Every kernel factory replaced by one that fails the test: bad inputs must raise first."""
+    """Every kernel factory the custom ops call replaced by one that fails the test: bad inputs
+    must raise first, and empty work must build and launch nothing."""
 
     def trap(*args, **kwargs):
-        pytest.fail("a kernel was built or launched for inputs the checks should have rejected")
+        pytest.fail("a kernel was built or launched for inputs that need none")
 
-    for factory in FACTORIES:
+    for factory in ["matmul_fwd", "matmul_bwd_da", "matmul_bwd_db", "matmul_bwd_dbias"]:
         monkeypatch.setattr(autograd, factory, trap)
+
+
+@requires_cuda
+@pytest.mark.parametrize("with_bias", BIASES)
+@pytest.mark.parametrize("shape, lead", EMPTY_CASES)
+def test_empty_inputs(shape, lead, with_bias, no_launch):
+    """Empty work launches no kernel; C and every gradient are the reference's: empty, or zeros
+    where a sum runs over an empty dim (C = bias or zeros for K = 0, dB and dbias for M = 0)."""
+    inputs, dc = make_inputs(shape, DTYPES[0], with_bias, lead)
+    if with_bias and shape[2] == 0:
+        # dbias sums a non-empty dC whatever K is: a kernel's work, checked by the other tests.
+        inputs["bias"].requires_grad_(False)
+    (c, got), (c_ref, ref) = run_both(inputs, dc)
+    assert_equal("C", c, c_ref)
+    for label, name in GRAD_CHECKS:
+        if name in inputs and inputs[name].requires_grad:
+            assert_equal(label, got[name], ref[name])
 
 
 @requires_cuda
@@ -383,8 +409,6 @@ def test_rejects_bad_inputs_before_launch(no_launch):
         call(a, b.t().contiguous().t(), *rest)
     with pytest.raises(ValueError, match="contiguous"):
         call(torch.stack([a, a], dim=-1)[..., 0], b, *rest)
-    with pytest.raises(ValueError, match=">= 1"):
-        call(a[:0], b, *rest)
     # Contiguous, but one element past a 16-byte boundary.
     offset = torch.empty(m * k + 1, dtype=dtype, device="cuda")[1:].view(m, k)
     offset.copy_(a)

@@ -36,8 +36,7 @@ def weight_dtype(x):
 
 def matrix_dims(x):
     """(rows, C) of the [rows, C] view of x that the kernels take."""
-    cols = x.shape[-1]
-    return x.numel() // cols, cols
+    return x.shape[:-1].numel(), x.shape[-1]
 
 
 def check_inputs(x, w):
@@ -58,8 +57,6 @@ def check_inputs(x, w):
             f"rmsnorm: x must be contiguous (got shape {tuple(x.shape)}, "
             f"strides {x.stride()}); call .contiguous() first"
         )
-    if x.numel() == 0:
-        raise ValueError(f"rmsnorm: x must have at least one element (got shape {tuple(x.shape)})")
     if x.shape[-1] > MAX_CHANNELS:
         raise ValueError(
             f"rmsnorm: x.shape[-1] (C) is {x.shape[-1]}, over max_channels {MAX_CHANNELS}: "
@@ -85,6 +82,11 @@ def check_inputs(x, w):
 def run_forward(x, w, save_rstd):
     """The forward kernel: returns y and, with save_rstd, rstd (fp32, one per row; else None)."""
     rows, cols = matrix_dims(x)
+    if x.numel() == 0:
+        # Empty work builds and launches no kernel. The rstd of rows with no channels (C = 0) is
+        # never read: their backward launches nothing either.
+        rstd = torch.zeros(rows, dtype=torch.float32, device=x.device) if save_rstd else None
+        return torch.empty_like(x), rstd
     fwd = rmsnorm_fwd(
         rows, cols, DTYPE_NAMES[x.dtype], DTYPE_NAMES[w.dtype], EPS, save_rstd, **FWD_TILING
     )
@@ -124,6 +126,10 @@ def launch_backward(x, rstd, w, dy, dx, dw_out, reduction):
 
 def run_backward(x, rstd, w, dy, reduction):
     """The backward: returns dx (x's dtype) and dw (w's shape and dtype)."""
+    if x.numel() == 0:
+        # Empty work builds and launches no kernel. Each gradient is a sum over no terms: zeros
+        # of its input's shape (empty where the input is).
+        return torch.zeros_like(x), torch.zeros_like(w)
     # Autograd may hand a non-contiguous (expanded, transposed) or differently typed gradient;
     # the kernels index dy as a dense [rows, C] matrix.
     dy = dy.contiguous().to(x.dtype)
@@ -199,6 +205,7 @@ def rmsnorm(x, w):
 
     x: a CUDA tensor [..., C], torch.float16 or torch.bfloat16, contiguous, C <= 16384.
     w: one learnable weight per channel, shape (C,); dtype x.dtype.
+    An empty x (a dim 0) gives an empty y, an empty dx and a zero dw, with no kernel launch.
     """
     check_inputs(x, w)
     return apply_op(x, w, SAVE_RSTD, DW_REDUCTION)

@@ -14,6 +14,7 @@ Run on a CUDA machine: pytest generated/rmsnorm"""
 import pytest
 import torch
 
+from . import autograd
 from .autograd import (
     DW_REDUCTION,
     MAX_CHANNELS,
@@ -46,6 +47,11 @@ SHAPES = [
 # A shape with tail blocks (rows and C not a multiple of any block): strided dy, atomics, split,
 # bad inputs.
 TAIL_SHAPE = (3, 333, 77)
+# TAIL_SHAPE with one dim 0 (leading dims: no rows; the last: no channels): empty work.
+EMPTY_SHAPES = [
+    tuple(0 if i == zeroed else n for i, n in enumerate(TAIL_SHAPE))
+    for zeroed in range(len(TAIL_SHAPE))
+]
 DTYPES = [torch.float16, torch.bfloat16]
 # saved.rstd: save (the forward writes one fp32 rstd per row) or recompute (the backward does).
 RSTD = [pytest.param(True, id="save"), pytest.param(False, id="recompute")]
@@ -94,6 +100,15 @@ def assert_differs(name, how, actual, expected, dtype):
     except AssertionError:
         return
     pytest.fail(f"a {how} {name} passed the comparison")
+
+
+def assert_equal(name, actual, expected):
+    """Same shape, dtype and values: for results that no kernel computes (empty work)."""
+    assert (actual.shape, actual.dtype) == (
+        expected.shape,
+        expected.dtype,
+    ), f"{name}: {tuple(actual.shape)} {actual.dtype} != {tuple(expected.shape)} {expected.dtype}"
+    assert torch.equal(actual, expected), f"{name} differs from the reference's"
 
 
 def assert_catches_broken(name, got, ref, dtype):
@@ -309,16 +324,44 @@ def test_custom_ops_pass_opcheck():
         torch.library.opcheck(op, args)
 
 
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Every kernel factory the custom ops call replaced by one that fails the test: bad inputs
+    must raise first, and empty work must build and launch nothing."""
+
+    def trap(*args, **kwargs):
+        pytest.fail("a kernel was built or launched for inputs that need none")
+
+    for factory in ["rmsnorm_fwd", "rmsnorm_bwd"]:
+        monkeypatch.setattr(autograd, factory, trap)
+
+
 @requires_cuda
-def test_rejects_bad_inputs_before_launch():
+@pytest.mark.parametrize("save_rstd", RSTD)
+@pytest.mark.parametrize("shape", EMPTY_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
+def test_empty_inputs(shape, save_rstd, no_launch):
+    """Empty work launches no kernel; y and every gradient are the reference's: empty, and dw
+    zeros (a sum over no rows) where C is not 0."""
+    inputs, dy = make_inputs(shape, DTYPES[0])
+    y = op(*inputs.values(), save_rstd)
+    y.backward(dy)
+    got = grads_of(inputs)
+    y_ref = rmsnorm_reference(*inputs.values())
+    y_ref.backward(dy)
+    ref = grads_of(inputs)
+    assert_equal("y", y, y_ref)
+    assert_equal("dx", got["x"], ref["x"])
+    assert_equal("dw", got["w"], ref["w"])
+
+
+@requires_cuda
+def test_rejects_bad_inputs_before_launch(no_launch):
     inputs, _ = make_inputs(TAIL_SHAPE, DTYPES[0])
     x, w = (t.detach() for t in inputs.values())
     with pytest.raises(TypeError, match="dtype"):
         rmsnorm(x.double(), w)
     with pytest.raises(ValueError, match="contiguous"):
         rmsnorm(torch.stack([x, x], dim=-1)[..., 0], w)
-    with pytest.raises(ValueError, match="at least one element"):
-        rmsnorm(x[:0], w)
     with pytest.raises(ValueError, match="0-d"):
         rmsnorm(x.reshape(-1)[0], w)
     with pytest.raises(ValueError, match="w must have shape"):

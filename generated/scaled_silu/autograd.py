@@ -32,7 +32,7 @@ def weight_dtype(x):
 
 
 def matrix_dims(x):
-    """(rows, cols) of the [rows, cols] view of x that the kernels take."""
+    """(rows, cols) of the [rows, cols] view of a non-empty x that the kernels take."""
     cols = x.numel()
     return x.numel() // cols, cols
 
@@ -52,10 +52,6 @@ def check_inputs(x, w):
         raise ValueError(
             f"scaled_silu: x must be contiguous (got shape {tuple(x.shape)}, "
             f"strides {x.stride()}); call .contiguous() first"
-        )
-    if x.numel() == 0:
-        raise ValueError(
-            f"scaled_silu: x must have at least one element (got shape {tuple(x.shape)})"
         )
     if w.device != x.device:
         raise ValueError(
@@ -81,13 +77,15 @@ def check_inputs(x, w):
 
 def run_forward(x, w, save_sigmoid):
     """The forward kernel: returns y and, with save_sigmoid, sigmoid(x) in fp32 (else None)."""
+    # Direct writes: every element is written once.
+    y = torch.empty_like(x)
+    s = torch.empty_like(x, dtype=torch.float32) if save_sigmoid else None
+    if x.numel() == 0:
+        return y, s  # empty work builds and launches no kernel
     rows, cols = matrix_dims(x)
     fwd = scaled_silu_fwd(
         rows, cols, WEIGHT, DTYPE_NAMES[x.dtype], DTYPE_NAMES[w.dtype], save_sigmoid, **FWD_TILING
     )
-    # Direct writes: every element is written once.
-    y = torch.empty_like(x)
-    s = torch.empty_like(x, dtype=torch.float32) if save_sigmoid else None
     outputs = (y, s) if save_sigmoid else (y,)
     fwd(x.view(rows, cols), w.view(-1), *(t.view(rows, cols) for t in outputs))
     return y, s
@@ -129,6 +127,10 @@ def launch_backward(x, s, w, dy, dx, dw_out, reduction):
 
 def run_backward(x, s, w, dy, reduction):
     """The backward: returns dx (x's dtype) and dw (w's shape and dtype)."""
+    if x.numel() == 0:
+        # Empty work builds and launches no kernel. Each gradient is a sum over no terms: zeros
+        # of its input's shape (empty where the input is).
+        return torch.zeros_like(x), torch.zeros_like(w)
     # Autograd may hand a non-contiguous (expanded, transposed) or differently typed gradient;
     # the kernels index dy as a dense [rows, cols] matrix.
     dy = dy.contiguous().to(x.dtype)
@@ -201,6 +203,7 @@ def scaled_silu(x, w):
 
     x: a CUDA tensor of any shape, torch.float16 or torch.bfloat16, contiguous.
     w: a learnable scalar: shape () or (1,); dtype torch.float32.
+    An empty x (a dim 0) gives an empty y, an empty dx and a zero dw, with no kernel launch.
     """
     check_inputs(x, w)
     return apply_op(x, w, SAVE_SIGMOID, DW_REDUCTION)
