@@ -1,29 +1,60 @@
 """Loading and validating spec files: TOML -> frozen Pydantic models, every error at once.
 
-Shared pieces live here (dtypes, tiling, tolerances, the base model); each family's own section
-is in opgen/families/<family>.py.
+Validation runs in two stages. Each top-level key is validated on its own (types, ranges, unknown
+keys), so that a bad section hides nothing in the others. Then the whole-spec rules run: small
+functions that yield (field, message) pairs about how sections fit together. A rule that reads a
+section that failed the first stage is skipped (its input is unknown); every other rule runs. The
+problems are reported in a fixed order: the first stage's in the order of the model's fields
+(unknown top-level keys last), then each rule's in the order of the rules.
+
+Shared pieces live here (dtypes, tiling, tolerances, the base model, the rules every family
+shares); each family's own sections and rules are in opgen/families/<family>.py.
 """
 
 from __future__ import annotations
 
+import datetime
+import functools
 import hashlib
+import importlib.util
+import json
 import keyword
+import math
+import os
+import re
+import stat
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Iterator, Literal
+from typing import Annotated, Any, Callable, ClassVar, Iterable, Literal, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from opgen.errors import SpecError
 
 Dtype = Literal["float16", "bfloat16"]
 
+# A spec is a few KiB: anything far larger is not one (and must not be read into memory whole).
+MAX_SPEC_BYTES = 1 << 20
+# The name becomes a directory, files and functions: well below every file system's limit.
+MAX_NAME_LENGTH = 64
+# Values echoed in messages are cut to about this many characters.
+ECHO_LIMIT = 80
+
+# Modules a generated package, its tests or opgen import, refused as names on every machine. The
+# tests of generated/<name>/ run with generated/ on sys.path (it is no package), so a package named
+# after a module is imported in its place.
+RESERVED_MODULES = frozenset({
+    "torch", "tilelang", "tvm", "triton", "numpy", "opgen", "generated", "pytest", "conftest",
+    "jinja2", "pydantic", "black", "typer", "rich",
+})
+
 
 class StrictModel(BaseModel):
-    """Frozen, unknown keys rejected, no silent coercion of strings to numbers."""
+    """Frozen, unknown keys rejected, no silent coercion of strings to numbers, no nan or inf."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
 def _power_of_two(minimum: int):
@@ -36,14 +67,35 @@ def _power_of_two(minimum: int):
 
 
 def check_identifier(value: str) -> str:
-    # The name becomes a directory, a module and a function: no paths, no code, no dunders.
+    # The name becomes a directory, a module and a function: no paths, no code, no dunders, and
+    # nothing that an import of another module would find instead.
+    if len(value) > MAX_NAME_LENGTH:
+        raise ValueError(f"must be at most {MAX_NAME_LENGTH} characters (it names a directory, "
+                         "files and functions)")
     if not value.isidentifier() or not value.isascii():
         raise ValueError("must be a Python identifier (letters, digits, underscores)")
     if keyword.iskeyword(value) or value.startswith("__"):
         raise ValueError("must not be a Python keyword or start with '__'")
     if value != value.lower():
         raise ValueError("must be lower case (it names a module and a function)")
+    shadowed = _module_kind(value)
+    if shadowed:
+        raise ValueError(f"must not shadow the module '{value}' ({shadowed}): the generated "
+                         "package would be imported instead of it; choose another name")
     return value
+
+
+def _module_kind(name: str) -> str | None:
+    """Why `name` is taken as a top-level module, or None when it is free."""
+    if name in RESERVED_MODULES:
+        return "imported by opgen, the generated packages or their tests"
+    if name in sys.stdlib_module_names:
+        return "standard library"
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # in sys.modules without a spec: a module all the same
+        found = True
+    return "installed" if found else None
 
 
 Identifier = Annotated[str, AfterValidator(check_identifier)]
@@ -76,33 +128,55 @@ class TestSection(StrictModel):
 
 
 class BenchSection(StrictModel):
-    """[bench] keys every family shares; families add their `shapes` (and dtype)."""
+    """[bench] keys every family shares; families add their `shapes` and `dtype` (their
+    defaults differ), which the shared rules check."""
 
     warmup_ms: PositiveInt = 25
     rep_ms: PositiveInt = 100
 
 
+# A whole-spec rule: reads the spec, yields (field, message) for each problem it finds.
+Rule = Callable[[Any], Iterable[tuple[str, str]]]
+
+
+def dtypes_listed_once(spec) -> Iterable[tuple[str, str]]:
+    if not spec.dtypes:
+        yield "dtypes", "must list at least one dtype"
+    if len(set(spec.dtypes)) != len(spec.dtypes):
+        yield "dtypes", "must not repeat a dtype"
+
+
+def tested_shapes_listed(spec) -> Iterable[tuple[str, str]]:
+    if not spec.test.shapes:
+        yield "test.shapes", "must list at least one shape"
+
+
+def bench_shapes_listed(spec) -> Iterable[tuple[str, str]]:
+    if not spec.bench.shapes:
+        yield "bench.shapes", "must list at least one shape"
+
+
+def bench_dtype_built(spec) -> Iterable[tuple[str, str]]:
+    # The package refuses the dtypes it was not built for: the benchmark could not run.
+    if spec.dtypes and spec.bench.dtype not in spec.dtypes:
+        yield "bench.dtype", (
+            f"must be one of the built dtypes {', '.join(spec.dtypes)} "
+            f"(got {echo(spec.bench.dtype)})"
+        )
+
+
 class SpecBase(StrictModel):
-    """Keys every family shares."""
+    """Keys every family shares. A family's Spec adds its sections (test and bench among them)
+    and extends rules()."""
 
     name: Identifier
     family: str
     dtypes: tuple[Dtype, ...] = ("float16", "bfloat16")
 
-    def problems(self) -> Iterator[tuple[str, str]]:
-        """Whole-spec checks as (field, message) pairs; families extend this."""
-        if not self.dtypes:
-            yield "dtypes", "must list at least one dtype"
-        if len(set(self.dtypes)) != len(self.dtypes):
-            yield "dtypes", "must not repeat a dtype"
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        problems = list(self.problems())
-        if problems:
-            # One ValueError carries every problem; validate() splits them back out.
-            raise ValueError("\n".join(f"{field}: {msg}" for field, msg in problems))
-        return self
+    @classmethod
+    def rules(cls) -> tuple[Rule, ...]:
+        """The whole-spec rules, in the order their problems are reported."""
+        return (dtypes_listed_once, tested_shapes_listed, bench_shapes_listed, bench_dtype_built)
 
 
 @dataclass(frozen=True)
@@ -117,16 +191,48 @@ class SpecSource:
 def read_spec(path: Path) -> SpecSource:
     shown = path_for_display(path)
     try:
-        raw = path.read_bytes()
+        raw = _read_spec_bytes(path, shown)
     except OSError as exc:
         raise SpecError(shown, [("", f"cannot read file ({exc.strerror})")]) from None
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        # utf-8-sig: editors that write a byte order mark still give a spec; the hash is of the
+        # bytes as they are.
+        data = tomllib.loads(raw.decode("utf-8-sig"))
     except UnicodeDecodeError:
         raise SpecError(shown, [("", "not UTF-8 text")]) from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(shown, [("", f"invalid TOML: {exc}")]) from None
+    except RecursionError:
+        raise SpecError(shown, [("", "invalid TOML: arrays or tables nested too deeply")]) from None
     return SpecSource(shown, hashlib.sha256(raw).hexdigest(), data)
+
+
+TOO_LARGE = f"too large for a spec (over {MAX_SPEC_BYTES >> 20} MiB)"
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+               (stat.S_ISSOCK, "a socket"))
+
+
+def _read_spec_bytes(path: Path, shown: str) -> bytes:
+    # Checked before opening: reading a FIFO blocks until someone writes to it, and a device
+    # such as /dev/zero never ends. The non-blocking open and the second check cover a file
+    # swapped for one of those in between.
+    _require_spec_file(path.stat(), shown)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with open(fd, "rb") as file:
+        _require_spec_file(os.fstat(file.fileno()), shown)
+        raw = file.read(MAX_SPEC_BYTES + 1)
+    if len(raw) > MAX_SPEC_BYTES:  # grew since the check
+        raise SpecError(shown, [("", TOO_LARGE)])
+    return raw
+
+
+def _require_spec_file(info: os.stat_result, shown: str) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        kind = next((what for test, what in _FILE_KINDS if test(info.st_mode)), "a special file")
+        raise SpecError(shown, [("", f"not a regular file ({kind})")])
+    if info.st_size > MAX_SPEC_BYTES:
+        raise SpecError(shown, [("", TOO_LARGE)])
 
 
 def path_for_display(path: Path) -> str:
@@ -137,12 +243,60 @@ def path_for_display(path: Path) -> str:
         return path.as_posix()
 
 
-def validate(model: type[StrictModel], source: SpecSource) -> Any:
-    try:
-        return model.model_validate(_lists_to_tuples(source.data))
-    except ValidationError as exc:
-        problems = [p for err in exc.errors() for p in _describe(err, model)]
-        raise SpecError(source.path, problems) from None
+def validate(model: type[SpecBase], source: SpecSource) -> Any:
+    """The spec as `model`, or SpecError with every problem: each top-level key validated on its
+    own, then every whole-spec rule whose sections parsed."""
+    data = _lists_to_tuples(source.data)
+    values, problems = {}, []
+    for key in model.model_fields:
+        given = {key: data[key]} if key in data else {}
+        try:
+            values[key] = getattr(_key_model(model, key).model_validate(given), key)
+        except ValidationError as exc:
+            problems += _describe_errors(exc.errors(), model)
+            values[key] = _Unparsed(key)
+    for key in data:
+        if key not in model.model_fields:
+            problems.append((field_path([key]), _unknown_key(sorted(model.model_fields))))
+    spec = model.model_construct(_fields_set=set(data) & set(model.model_fields), **values)
+    for rule in model.rules():
+        try:
+            problems += list(rule(spec))
+        except _SectionFailed:
+            pass  # the section it reads is already reported
+    if problems:
+        raise SpecError(source.path, problems)
+    return spec
+
+
+@functools.cache
+def _key_model(model: type[BaseModel], key: str) -> type[BaseModel]:
+    """A model of `model`'s one field `key` (same type, default and config): validates one
+    top-level key of a spec apart from the others."""
+    field = model.model_fields[key]
+    return create_model(f"{model.__name__}_{key}", __base__=StrictModel,
+                        **{key: (field.annotation, field)})
+
+
+class _SectionFailed(Exception):
+    """A rule read a section that failed validation."""
+
+
+class _Unparsed:
+    """Stands in for a top-level key that failed validation: any use of it by a rule raises
+    _SectionFailed, and the rule is skipped."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def _fail(self, *args: Any) -> Any:
+        raise _SectionFailed(self.key)
+
+    __getattr__ = __iter__ = __len__ = __bool__ = __contains__ = __getitem__ = _fail
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = __str__ = __format__ = _fail
+
+    def __repr__(self) -> str:
+        return f"<{self.key}: failed validation>"
 
 
 def _lists_to_tuples(value: Any) -> Any:
@@ -154,48 +308,138 @@ def _lists_to_tuples(value: Any) -> Any:
     return value
 
 
-def _describe(err: dict[str, Any], model: type[BaseModel]) -> list[tuple[str, str]]:
-    if err["type"] == "value_error" and not err["loc"]:
-        # Whole-spec checks (a model validator on the top-level model) report one problem a
-        # line, each naming its field first.
-        return [tuple(line.split(": ", 1)) for line in str(err["ctx"]["error"]).splitlines()]
-    return [_describe_field(err, model)]
+# --- messages: field paths and values as TOML writes them -----------------------------------------
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def _describe_field(err: dict[str, Any], model: type[BaseModel]) -> tuple[str, str]:
-    loc = [str(p) for p in err["loc"]]
+def field_path(loc: Iterable[str | int]) -> str:
+    """A dotted field path: keys that are not bare TOML keys quoted, array indices as numbers."""
+    parts = []
+    for part in loc:
+        text = str(part) if isinstance(part, int) or _BARE_KEY.fullmatch(part) else _toml(part)
+        parts.append(_cut(text, f"a key of {len(str(part))} characters"))
+    return ".".join(parts)
+
+
+def echo(value: Any) -> str:
+    """A value of the spec as TOML writes it, cut to about ECHO_LIMIT characters."""
+    text = _toml(value)
+    size = f"a string of {len(value)} characters" if isinstance(value, str) else (
+        f"{len(text)} characters")
+    return _cut(text, size)
+
+
+def _cut(text: str, size: str) -> str:
+    return text if len(text) <= ECHO_LIMIT else f"{text[:ECHO_LIMIT]}... ({size})"
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # TOML's basic strings escape the same way
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{field_path([k])} = {_toml(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    return repr(value)  # int, float
+
+
+def _number(value: Any) -> str:
+    """A bound of a range, as written in the model (1, not 1.0)."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+# What a type error expects, in TOML's words.
+_EXPECTED = {
+    "dict_type": "a table",
+    "model_type": "a table",
+    "model_attributes_type": "a table",
+    "tuple_type": "an array",
+    "list_type": "an array",
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "finite_number": "a finite number",
+}
+_BOUNDS = {
+    "greater_than_equal": ("ge", "greater than or equal to"),
+    "less_than_equal": ("le", "less than or equal to"),
+    "greater_than": ("gt", "greater than"),
+    "less_than": ("lt", "less than"),
+    "multiple_of": ("multiple_of", "a multiple of"),
+}
+# Where pydantic reports a dict key that fails its type.
+_DICT_KEY = "[key]"
+
+
+def _describe_errors(errors: list[dict[str, Any]], model: type[BaseModel]) -> list[tuple[str, str]]:
+    # A table key of the wrong kind is an unknown key: what lies below it goes unreported, as
+    # below any other unknown key.
+    bad_keys = [err["loc"][:-1] for err in errors if err["loc"][-1:] == (_DICT_KEY,)]
+
+    def below_bad_key(loc: tuple) -> bool:
+        return any(loc[:len(key)] == key and loc != (*key, _DICT_KEY) for key in bad_keys)
+
+    return [_describe(err, model) for err in errors if not below_bad_key(err["loc"])]
+
+
+def _describe(err: dict[str, Any], model: type[BaseModel]) -> tuple[str, str]:
+    loc = list(err["loc"])
     kind = err["type"]
-    got = err.get("input")
+    ctx = err.get("ctx") or {}
+    if loc[-1:] == [_DICT_KEY]:
+        return field_path(loc[:-1]), _unknown_key(sorted(_choices(ctx)))
+    path = field_path(loc)
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(model, loc[:-1])
-        hint = f"; allowed keys here: {', '.join(allowed)}" if allowed else ""
-        return ".".join(loc), f"unknown key{hint}"
+        return path, _unknown_key(_allowed_keys(model, loc[:-1]))
     if kind == "missing":
-        return ".".join(loc), "required key is missing"
+        return path, "required key is missing"
+    got = f"(got {echo(err['input'])})"
     if kind == "literal_error":
-        choices = err["ctx"]["expected"].replace("'", "")
-        choices = choices.replace(" or ", ", ")
-        return ".".join(loc), f"must be one of {choices} (got {got!r})"
+        return path, f"must be one of {', '.join(_choices(ctx))} {got}"
     if kind == "value_error":
-        return ".".join(loc), f"{err['ctx']['error']} (got {got!r})"
-    msg = err["msg"]
-    if kind.endswith("_type") or kind in {"greater_than_equal", "less_than_equal", "greater_than",
-                                          "less_than", "multiple_of"}:
-        msg = msg[0].lower() + msg[1:]
-        return ".".join(loc), f"{msg} (got {got!r})"
-    return ".".join(loc), msg
+        return path, f"{ctx['error']} {got}"
+    if kind in _EXPECTED:
+        return path, f"must be {_EXPECTED[kind]} {got}"
+    if kind in _BOUNDS:
+        bound, words = _BOUNDS[kind]
+        return path, f"must be {words} {_number(ctx[bound])} {got}"
+    if kind == "too_short":
+        n = ctx["min_length"]
+        return path, f"must have at least {n} item{'' if n == 1 else 's'} {got}"
+    return path, f"{err['msg'].replace('Input should', 'must', 1)} {got}"
 
 
-def _allowed_keys(model: type[BaseModel], loc: list[str]) -> list[str]:
+def _choices(ctx: dict[str, Any]) -> list[str]:
+    # pydantic words a Literal's choices as "'a', 'b' or 'c'".
+    return re.findall(r"'([^']*)'", ctx["expected"])
+
+
+def _unknown_key(allowed: list[str]) -> str:
+    return f"unknown key; allowed keys here: {', '.join(allowed)}" if allowed else "unknown key"
+
+
+def _allowed_keys(model: type[BaseModel], loc: list[str | int]) -> list[str]:
     """Walk the model along loc to list the keys a table accepts (for 'unknown key' hints)."""
     current: Any = model
+    in_table = False  # at a dict[...]'s level: the next part is one of its own keys
     for part in loc:
-        if part.isdigit():
+        if isinstance(part, int) or in_table:
+            in_table = False
             continue
         fields = getattr(current, "model_fields", None)
         if not fields or part not in fields:
             return []
-        current = _model_in(fields[part].annotation)
+        annotation = fields[part].annotation
+        in_table = get_origin(annotation) is dict
+        current = _model_in(annotation)
         if current is None:
             return []
     fields = getattr(current, "model_fields", None)

@@ -119,10 +119,12 @@ def _opgen_command() -> list[str]:
 def run_opgen():
     """Run `opgen` as a user does: its own process and cwd, stdin closed, output captured.
 
-    wide=False leaves the console width to Rich (no COLUMNS), as in a CI log or a pipe.
+    wide=False leaves the console width to Rich (no COLUMNS), as in a CI log or a pipe; a short
+    timeout (seconds) turns a hang into a failure soon.
     """
 
-    def run(*args: str, cwd: Path, wide: bool = True) -> subprocess.CompletedProcess:
+    def run(*args: str, cwd: Path, wide: bool = True,
+            timeout: float = 600) -> subprocess.CompletedProcess:
         env = {k: v for k, v in os.environ.items() if k not in {"COLUMNS", "LINES"}}
         env.update(CLI_ENV if wide else {"NO_COLOR": "1"})
         return subprocess.run(
@@ -132,7 +134,7 @@ def run_opgen():
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=timeout,
         )
 
     return run

@@ -8,6 +8,7 @@ nothing written. `pytest --update-golden` rewrites the .expected files from opge
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -107,6 +108,29 @@ def test_missing_spec_file(tmp_path, run_opgen):
     assert result.returncode == 2
     assert result.stderr == "specs/nope.toml: cannot read file (No such file or directory)\n"
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_fifo_is_refused_without_reading_it(tmp_path, run_opgen):
+    """A FIFO with no writer: opening it to read would wait for one forever."""
+    (tmp_path / "specs").mkdir()
+    os.mkfifo(tmp_path / "specs" / "pipe.toml")
+    result = run_opgen("build", "--no-compile", "specs/pipe.toml", cwd=tmp_path, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr == "specs/pipe.toml: not a regular file (a FIFO)\n"
+    assert not (tmp_path / "generated").exists()
+
+
+def test_directory_and_device_are_refused(tmp_path, run_opgen):
+    (tmp_path / "specs" / "dir.toml").mkdir(parents=True)
+    result = run_opgen("build", "--no-compile", "specs/dir.toml", cwd=tmp_path, timeout=30)
+    assert (result.returncode, result.stderr) == (
+        2, "specs/dir.toml: not a regular file (a directory)\n")
+    if Path("/dev/zero").exists():
+        result = run_opgen("build", "--no-compile", "/dev/zero", cwd=tmp_path, timeout=30)
+        assert (result.returncode, result.stderr) == (
+            2, "/dev/zero: not a regular file (a character device)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["specs"]
 
 
 def test_debug_shows_the_traceback(tmp_path, run_opgen):

@@ -87,7 +87,7 @@ def test_partial_tiling_override_keeps_the_other_defaults(project):
 
 
 @pytest.mark.parametrize("text, field, fragment", [
-    ('[grads.dq]\nreduction = "split"\n', "grads.dq.reduction", "must be atomic (got 'split')"),
+    ('[grads.dq]\nreduction = "split"\n', "grads.dq.reduction", 'must be atomic (got "split")'),
     ('[grads.dv]\nreduction = "direct"\n', "grads.dv.reduction", "no split variant"),
     ('[saved]\nstates = "save"\n', "saved.states", "must be recompute"),
     ('[linear_attention]\nscale = 0.5\n', "linear_attention.scale", "must be one of"),

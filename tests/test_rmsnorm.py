@@ -100,14 +100,14 @@ def test_partial_tiling_override_keeps_the_other_defaults(project):
     [
         ("[rmsnorm]\neps = 0.0\n", "rmsnorm.eps", "greater than 0"),
         ("[rmsnorm]\neps = -1e-6\n", "rmsnorm.eps", "greater than 0"),
-        ('[rmsnorm]\neps = "1e-6"\n', "rmsnorm.eps", "valid number"),
+        ('[rmsnorm]\neps = "1e-6"\n', "rmsnorm.eps", "must be a number (got \"1e-6\")"),
         ('[rmsnorm]\nweight_dtype = "float64"\n', "rmsnorm.weight_dtype",
          "must be one of input, float32"),
         ("[rmsnorm]\nmax_channels = 0\n", "rmsnorm.max_channels", "greater than or equal to 1"),
         ("[rmsnorm]\ngroups = 2\n", "rmsnorm.groups", "unknown key; allowed keys here: eps, "
          "max_channels, weight_dtype"),
         ('[grads.dx]\nreduction = "atomic"\n', "grads.dx.reduction",
-         "must be one of direct (got 'atomic')"),
+         'must be one of direct (got "atomic")'),
         ('[grads.dw]\nreduction = "atomc"\n', "grads.dw.reduction", "must be one of atomic, split"),
         ('[saved]\nrstd = "keep"\n', "saved.rstd", "must be one of save, recompute"),
         ("[tiling.fwd]\nblock_rows = 3\n", "tiling.fwd.block_rows", "power of two >= 1"),
@@ -144,7 +144,7 @@ def test_field_errors(project, text, field, fragment):
         ("[bench]\nshapes = [{ rows = 2, channels = 16385 }]\n", "bench.shapes.0.channels",
          "must be at most rmsnorm.max_channels (16384)"),
         ('dtypes = ["float16"]\n', "bench.dtype",
-         "must be one of the built dtypes float16 (got 'bfloat16')"),
+         'must be one of the built dtypes float16 (got "bfloat16")'),
     ],
 )
 def test_consistency_errors(project, text, field, fragment):

@@ -94,7 +94,7 @@ def test_partial_tiling_override_keeps_the_other_defaults(project):
         ('[scaled_silu]\nweight_dtype = "float64"\n', "scaled_silu.weight_dtype",
          "must be one of float32, input"),
         ('[grads.dx]\nreduction = "atomic"\n', "grads.dx.reduction",
-         "must be one of direct (got 'atomic')"),
+         'must be one of direct (got "atomic")'),
         ('[grads.dw]\nreduction = "atomc"\n', "grads.dw.reduction", "must be one of atomic, split"),
         ('[grads.dw]\nreduction = "direct"\n', "grads.dw.reduction", "must be one of atomic, split"),
         ('[saved]\nsigmoid = "keep"\n', "saved.sigmoid", "must be one of recompute, save"),

@@ -4,21 +4,32 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import textwrap
 from pathlib import Path
 
 import pydantic
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, spec_problems
 
 from opgen import __version__
 from opgen.errors import SpecError
-from opgen.families import attention
+from opgen.families import FAMILIES, attention
 from opgen.families.attention import DEFAULT_TILING, Spec, plan, smem_bytes
 from opgen.plan import SM90_SMEM_LIMIT, SourceInfo
 from opgen.render import load_plan
-from opgen.spec import DEFAULT_TOLERANCES, read_spec, validate
+from opgen.spec import (
+    DEFAULT_TOLERANCES,
+    MAX_NAME_LENGTH,
+    MAX_SPEC_BYTES,
+    RESERVED_MODULES,
+    check_identifier,
+    echo,
+    field_path,
+    read_spec,
+    validate,
+)
 
 MINIMAL = 'name = "x"\nfamily = "attention"\n'
 
@@ -224,9 +235,9 @@ def test_tiling_override_does_not_leak_into_the_defaults(project):
         ("[attention]\nhead_dims = [0]\n", "attention.head_dims.0", "greater than or equal to 16"),
         ("[attention]\nhead_dims = [72]\n", "attention.head_dims.0", "multiple of 16"),
         ("[attention]\nhead_dims = [512]\n", "attention.head_dims.0", "less than or equal to 256"),
-        ('dtypes = ["float8"]\n', "dtypes.0", "must be one of float16, bfloat16 (got 'float8')"),
+        ('dtypes = ["float8"]\n', "dtypes.0", 'must be one of float16, bfloat16 (got "float8")'),
         ('[grads.dq]\nreduction = "split"\n', "grads.dq.reduction", "must be one of"),
-        ('[saved]\nlse = "drop"\n', "saved.lse", "must be one of save, recompute (got 'drop')"),
+        ('[saved]\nlse = "drop"\n', "saved.lse", 'must be one of save, recompute (got "drop")'),
     ],
 )
 def test_field_ranges(project, text, field, fragment):
@@ -266,7 +277,48 @@ def test_bad_names(project, name, fragment):
     [(field, message)] = problems(project, f'name = "{name}"\nfamily = "attention"\n')
     assert field == "name"
     assert fragment in message
-    assert message.endswith(f"(got {name!r})")
+    assert message.endswith(f'(got "{name}")')
+
+
+SHADOW = "the generated package would be imported instead of it; choose another name"
+
+
+@pytest.mark.parametrize("name", sorted(RESERVED_MODULES))
+def test_names_of_the_modules_packages_import_are_refused_on_every_machine(name):
+    with pytest.raises(ValueError) as info:
+        check_identifier(name)
+    assert str(info.value) == (
+        f"must not shadow the module '{name}' (imported by opgen, the generated packages or "
+        f"their tests): {SHADOW}"
+    )
+
+
+@pytest.mark.parametrize(
+    "name, kind",
+    [("os", "standard library"), ("math", "standard library"), ("json", "standard library"),
+     ("pydantic_core", "installed"), ("annotated_types", "installed")],
+)
+def test_names_that_shadow_a_module_are_refused(project, name, kind):
+    assert problems(project, f'name = "{name}"\nfamily = "attention"\n') == [
+        ("name", f"must not shadow the module '{name}' ({kind}): {SHADOW} (got \"{name}\")"),
+    ]
+
+
+def test_name_length_is_capped(project):
+    longest = "x" * MAX_NAME_LENGTH
+    assert load(project, f'name = "{longest}"\nfamily = "attention"\n').name == longest
+    [(field, message)] = problems(project, f'name = "{longest}y"\nfamily = "attention"\n')
+    assert field == "name"
+    assert message.startswith(f"must be at most {MAX_NAME_LENGTH} characters")
+
+
+@pytest.mark.parametrize("name, fragment", [("torch", "must not shadow the module 'torch'"),
+                                            ("a" * 300, "must be at most 64 characters")])
+def test_new_refuses_the_names_a_spec_refuses(project, cli, name, fragment):
+    result = cli("new", "attention", "--name", name)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("--name: ") and fragment in result.stderr
+    assert list(project.iterdir()) == []
 
 
 # --- tolerances -----------------------------------------------------------------------------------
@@ -286,7 +338,7 @@ def test_tolerance_override_of_one_dtype_keeps_the_other_default(project):
 
 
 def test_tolerances_follow_the_spec_dtypes(project):
-    p = plan_of(project, 'dtypes = ["bfloat16"]\n')
+    p = plan_of(project, 'dtypes = ["bfloat16"]\n[bench]\ndtype = "bfloat16"\n')
     assert list(p.tolerances) == ["bfloat16"]
     assert p.torch_dtypes == ("torch.bfloat16",)
 
@@ -362,6 +414,174 @@ def test_bench_head_dim_must_be_a_spec_head_dim(project):
 )
 def test_collections(project, text, expected):
     assert problems(project, MINIMAL + text) == [expected]
+
+
+def test_whole_spec_rules_run_beside_field_errors(project):
+    """A field error in one section does not hide a rule about others."""
+    found = problems(
+        project,
+        MINIMAL + '[grads.dk]\nreduction = "split"\n[tiling.fwd]\nblock_m = 48\nthreads = 16\n'
+        "[tiling.bwd]\nnum_stages = 9\n[test]\nshapes = [{batch=0, heads=4, seq_len=1000}]\n",
+    )
+    assert [field for field, _ in found] == [
+        "tiling.fwd.block_m", "tiling.fwd.threads", "tiling.bwd.num_stages", "test.shapes.0.batch",
+        "grads.dk.reduction",
+    ]
+    assert found[-1][1].startswith("must be one of direct (direct without attention.gqa")
+
+
+def test_a_rule_that_reads_a_failed_section_is_skipped(project):
+    """Every test shape a block multiple would be reported, but the blocks are unknown while
+    tiling fails; the layouts rule reads neither and still runs."""
+    found = problems(
+        project,
+        MINIMAL + '[attention]\nlayouts = ["bshd", "bshd"]\n[tiling.fwd]\nblock_m = 48\n'
+        "[test]\nshapes = [{batch=1, heads=1, seq_len=512}]\n",
+    )
+    assert found == [
+        ("tiling.fwd.block_m", "must be a power of two >= 16 (got 48)"),
+        ("attention.layouts", "must not repeat a layout"),
+    ]
+
+
+def test_a_failed_name_or_dtypes_leaves_the_rules_that_need_neither(project):
+    found = problems(project, 'name = 1\nfamily = "attention"\ndtypes = "float16"\n'
+                              "[bench]\nshapes = []\n")
+    assert found == [
+        ("name", "must be a string (got 1)"),
+        ("dtypes", 'must be an array (got "float16")'),
+        ("bench.shapes", "must list at least one shape"),
+    ]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_bench_rules_are_shared_by_every_family(project, family):
+    base = f'name = "x"\nfamily = "{family}"\n'
+    assert spec_problems(project, base + "[bench]\nshapes = []\n") == [
+        ("bench.shapes", "must list at least one shape"),
+    ]
+    assert spec_problems(project, base + 'dtypes = ["float16"]\n[bench]\ndtype = "bfloat16"\n') == [
+        ("bench.dtype", 'must be one of the built dtypes float16 (got "bfloat16")'),
+    ]
+
+
+# --- messages: field paths and values as TOML writes them -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("[tiling]\nfwd = [1, 2]\n", ("tiling.fwd", "must be a table (got [1, 2])")),  # model_type
+        ("[test]\ntolerance = []\n", ("test.tolerance", "must be a table (got [])")),  # dict_type
+        ('dtypes = "float16"\n', ("dtypes", 'must be an array (got "float16")')),  # tuple_type
+        ('[tiling.fwd]\nthreads = "256"\n',
+         ("tiling.fwd.threads", 'must be an integer (got "256")')),
+        ("[tiling.fwd]\nthreads = 256.0\n",
+         ("tiling.fwd.threads", "must be an integer (got 256.0)")),
+        ("[attention]\ncausal = 1\n", ("attention.causal", "must be true or false (got 1)")),
+        ("[grads.dk]\nreduction = 1\n", ("grads.dk.reduction", "must be a string (got 1)")),
+        ('[test.tolerance.float16]\nrtol = "x"\natol = 0.1\n',
+         ("test.tolerance.float16.rtol", 'must be a number (got "x")')),  # float_type
+        ("[test.tolerance.float16]\nrtol = nan\natol = 0.1\n",
+         ("test.tolerance.float16.rtol", "must be a finite number (got nan)")),
+        ("[test.tolerance.float16]\nrtol = 0.1\natol = -inf\n",
+         ("test.tolerance.float16.atol", "must be a finite number (got -inf)")),
+        ("[test.tolerance.float16]\nrtol = 0.1\natol = 2\n",
+         ("test.tolerance.float16.atol", "must be less than or equal to 1 (got 2)")),
+        ('[saved]\no = true\n', ("saved.o", "must be one of save, recompute (got true)")),
+        ('dtypes = [{ kind = "float16", "a b" = [1, 2.5] }]\n',
+         ("dtypes.0",
+          'must be one of float16, bfloat16 (got {kind = "float16", "a b" = [1, 2.5]})')),
+        ("[bench]\nwarmup_ms = 1979-05-27\n",
+         ("bench.warmup_ms", "must be an integer (got 1979-05-27)")),
+        ("[test.tolerance.float32]\nrtol = \"x\"\n",
+         ("test.tolerance.float32", "unknown key; allowed keys here: bfloat16, float16")),
+        ("[test.tolerance.float16]\nrtol = 0.1\natol = 0.1\nbtol = 1\n",
+         ("test.tolerance.float16.btol", "unknown key; allowed keys here: atol, rtol")),
+        ('"tiling.fwd".block_m = 64\n', ('"tiling.fwd"', "unknown key; allowed keys here: "
+         "attention, bench, dtypes, family, grads, name, saved, test, tiling")),
+        ('[tiling]\n"fwd.block_m" = 64\n', ('tiling."fwd.block_m"', "unknown key; allowed keys "
+         "here: bwd, dsinks, fwd, postprocess, preprocess")),
+    ],
+)
+def test_messages_speak_toml(project, text, expected):
+    assert problems(project, MINIMAL + text) == [expected]
+
+
+def test_every_type_error_kind_in_toml_words(project):
+    """No pydantic wording, Python reprs or class names in any message."""
+    found = problems(
+        project,
+        MINIMAL + 'dtypes = [1]\n[attention]\nlayouts = "bshd"\nhead_dims = [8]\ngqa = "no"\n'
+        '[grads]\ndq = []\n[grads.dk]\nreduction = 2\n[saved]\no = "keep"\n'
+        "[tiling]\nfwd = []\npreprocess = { block_m = 2.5, threads = 2000 }\n"
+        "[test]\ntolerance = { float16 = { rtol = nan, atol = 0 } }\nwindows = [0]\n"
+        "[bench]\nrep_ms = true\nshapes = [{}]\n",
+    )
+    assert len(found) >= 12
+    for field, message in found:
+        for leak in ("Input should", "valid", "instance of", "Tiling", "[key]", "'", "()", "None"):
+            assert leak not in field + message, (field, message)
+
+
+def test_echoed_values_are_cut_short():
+    assert echo("x" * 78) == f'"{"x" * 78}"'  # 80 characters with the quotes
+    assert echo("x" * 79) == f'"{"x" * 79}... (a string of 79 characters)'
+    assert echo("x" * 100_000) == f'"{"x" * 79}... (a string of 100000 characters)'
+    assert echo(tuple(range(1000))).endswith("... (4890 characters)")
+    assert field_path(["a" * 200]) == "a" * 80 + "... (a key of 200 characters)"
+
+
+def test_echo_writes_toml():
+    assert echo('a"b\\') == '"a\\"b\\\\"'
+    assert echo((1, 2.5, True, (), {})) == "[1, 2.5, true, [], {}]"
+    assert echo({"a": 1, "b c": "d"}) == '{a = 1, "b c" = "d"}'
+    assert field_path(["test", "shapes", 0, "kv_heads"]) == "test.shapes.0.kv_heads"
+    assert field_path(["tiling.fwd", "", "block-m"]) == '"tiling.fwd"."".block-m'
+
+
+# --- reading spec files ---------------------------------------------------------------------------
+
+
+def test_byte_order_mark_is_accepted_and_hashed_as_given(project):
+    path = project / "specs" / "x.toml"
+    path.parent.mkdir()
+    raw = b"\xef\xbb\xbf" + MINIMAL.encode()
+    path.write_bytes(raw)
+    source = read_spec(path)
+    assert validate(Spec, source).name == "x"
+    assert source.sha256 == hashlib.sha256(raw).hexdigest()
+
+
+def test_spec_over_the_size_limit_is_refused(project):
+    path = project / "big.toml"
+    path.write_bytes(MINIMAL.encode() + b"#" * MAX_SPEC_BYTES)
+    with pytest.raises(SpecError) as info:
+        read_spec(path)
+    assert info.value.problems == [("", "too large for a spec (over 1 MiB)")]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_fifo_is_refused_without_opening_it(project):
+    os.mkfifo(project / "pipe.toml")
+    with pytest.raises(SpecError) as info:
+        read_spec(project / "pipe.toml")
+    assert info.value.problems == [("", "not a regular file (a FIFO)")]
+
+
+def test_directory_is_refused(project):
+    (project / "dir.toml").mkdir()
+    with pytest.raises(SpecError) as info:
+        read_spec(project / "dir.toml")
+    assert str(info.value) == "dir.toml: not a regular file (a directory)"
+
+
+def test_deeply_nested_toml_is_refused(project):
+    path = project / "deep.toml"
+    path.write_text(MINIMAL + "x = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(SpecError) as info:
+        read_spec(path)
+    assert info.value.problems == [("", "invalid TOML: arrays or tables nested too deeply")]
 
 
 # --- smem estimate --------------------------------------------------------------------------------
@@ -473,7 +693,8 @@ def test_plan_test_cases_are_shapes_times_head_dims(project):
         ('[attention]\nlayouts = ["bshd", "bhsd"]\n', 2 * 2 * 2 * 6),
         (
             'dtypes = ["bfloat16"]\n[attention]\nlayouts = ["bhsd"]\nhead_dims = [64]\n'
-            "[bench]\nshapes = [{batch=1, heads=1, seq_len=64, head_dim=64, causal=true}]\n",
+            '[bench]\ndtype = "bfloat16"\n'
+            "shapes = [{batch=1, heads=1, seq_len=64, head_dim=64, causal=true}]\n",
             6,
         ),
     ],

@@ -36,6 +36,7 @@ from opgen.spec import (
     StrictModel,
     TestSection,
     Tolerance,
+    echo,
     merge_defaults,
 )
 
@@ -114,7 +115,7 @@ class AttentionSection(StrictModel):
 
 
 class Reduction(StrictModel):
-    # The choices depend on the gradient and the variant: checked in _problems().
+    # The choices depend on the gradient and the variant: checked in grad_reductions_allowed().
     reduction: str
 
 
@@ -193,9 +194,9 @@ class Spec(SpecBase):
     test: AttentionTest = AttentionTest()
     bench: AttentionBench = AttentionBench()
 
-    def problems(self):
-        yield from super().problems()
-        yield from _problems(self)
+    @classmethod
+    def rules(cls):
+        return super().rules() + RULES
 
 
 def allowed_reductions(section: AttentionSection) -> dict[str, tuple[str, ...]]:
@@ -219,9 +220,8 @@ def reductions(spec: "Spec") -> dict[str, str]:
     return chosen
 
 
-def _problems(spec: Spec):
-    section = spec.attention
-    allowed = allowed_reductions(section)
+def grad_reductions_allowed(spec: Spec):
+    allowed = allowed_reductions(spec.attention)
     for grad in AttentionGrads.model_fields:
         given = getattr(spec.grads, grad)
         if given is None:
@@ -234,36 +234,48 @@ def _problems(spec: Spec):
                 "dv": " (direct without attention.gqa; atomic or split with it)",
             }.get(grad, "")
             yield f"grads.{grad}.reduction", (
-                f"must be one of {', '.join(allowed[grad])}{why} (got {given.reduction!r})"
+                f"must be one of {', '.join(allowed[grad])}{why} (got {echo(given.reduction)})"
             )
+
+
+def tested_kv_heads_fit(spec: Spec):
     for i, shape in enumerate(spec.test.shapes):
         kv_heads = shape.kv_heads or shape.heads
         if shape.heads % kv_heads:
             yield f"test.shapes.{i}.kv_heads", (
                 f"must divide heads ({shape.heads}) (got {kv_heads})"
             )
-        elif kv_heads != shape.heads and not section.gqa:
+        elif kv_heads != shape.heads and not spec.attention.gqa:
             yield f"test.shapes.{i}.kv_heads", (
                 f"must equal heads without attention.gqa = true (got {kv_heads})"
             )
-    if section.gqa and spec.test.shapes and all(
-        (s.kv_heads or s.heads) == s.heads for s in spec.test.shapes
-    ):
+
+
+def gqa_tests_a_grouped_shape(spec: Spec):
+    shapes = spec.test.shapes
+    if spec.attention.gqa and shapes and all((s.kv_heads or s.heads) == s.heads for s in shapes):
         yield "test.shapes", (
             "with attention.gqa = true, add a shape with kv_heads < heads: the grouped dK/dV "
             "reductions are tested only on one"
         )
-    if section.sliding_window:
+
+
+def tested_windows_cover_the_blocks(spec: Spec):
+    windows = spec.test.windows
+    if spec.attention.sliding_window:
         blocks = (spec.tiling.fwd.block_m, spec.tiling.fwd.block_n, spec.tiling.bwd.block_m,
                   spec.tiling.bwd.block_n)
-        windows = spec.test.windows
         if not windows or min(windows) >= min(blocks) or max(windows) <= max(blocks):
             yield "test.windows", (
                 f"list a window smaller than {min(blocks)} and one larger than {max(blocks)} "
-                f"(the smallest and largest block) (got {list(windows)})"
+                f"(the smallest and largest block) (got {echo(windows)})"
             )
-    elif spec.test.windows:
+    elif windows:
         yield "test.windows", "only with attention.sliding_window = true"
+
+
+def bench_shapes_fit_the_variant(spec: Spec):
+    section = spec.attention
     for i, shape in enumerate(spec.bench.shapes):
         kv_heads = shape.kv_heads or shape.heads
         if shape.heads % kv_heads or (kv_heads != shape.heads and not section.gqa):
@@ -274,6 +286,10 @@ def _problems(spec: Spec):
             yield f"bench.shapes.{i}.window", (
                 "needs attention.sliding_window = true and causal = true"
             )
+
+
+def layouts_and_head_dims_listed_once(spec: Spec):
+    section = spec.attention
     if not section.layouts:
         yield "attention.layouts", "must list at least one of bshd, bhsd"
     if len(set(section.layouts)) != len(section.layouts):
@@ -282,25 +298,34 @@ def _problems(spec: Spec):
         yield "attention.head_dims", "must list at least one head dim"
     if len(set(section.head_dims)) != len(section.head_dims):
         yield "attention.head_dims", "must not repeat a head dim"
-    if not spec.test.shapes:
-        yield "test.shapes", "must list at least one shape"
+
+
+def tested_shapes_have_a_tail(spec: Spec):
     smallest_block = min(
         spec.tiling.fwd.block_m, spec.tiling.fwd.block_n, spec.tiling.bwd.block_m,
         spec.tiling.bwd.block_n,
     )
-    if spec.test.shapes and all(s.seq_len % smallest_block == 0 for s in spec.test.shapes):
+    shapes = spec.test.shapes
+    if shapes and all(s.seq_len % smallest_block == 0 for s in shapes):
         yield "test.shapes", (
             f"add a seq_len that is not a multiple of {smallest_block} (the smallest block): "
             "tail blocks are where masking and atomic-guard bugs hide"
         )
+
+
+def bench_head_dims_built(spec: Spec):
+    head_dims = spec.attention.head_dims
     for i, shape in enumerate(spec.bench.shapes):
-        if shape.head_dim not in section.head_dims:
+        if shape.head_dim not in head_dims:
             yield f"bench.shapes.{i}.head_dim", (
-                f"must be one of attention.head_dims {list(section.head_dims)} (got {shape.head_dim})"
+                f"must be one of attention.head_dims {echo(head_dims)} (got {shape.head_dim})"
             )
+
+
+def tiles_fit_shared_memory(spec: Spec):
     for phase in ("fwd", "bwd"):
         tiling = getattr(spec.tiling, phase)
-        for dim in section.head_dims:
+        for dim in spec.attention.head_dims:
             need = smem_bytes(phase, tiling, dim)
             if need > SM90_SMEM_LIMIT:
                 yield f"tiling.{phase}", (
@@ -308,6 +333,11 @@ def _problems(spec: Spec):
                     f"sm_90 limit of {SM90_SMEM_LIMIT // 1024} KB; lower block_m, block_n or "
                     "num_stages"
                 )
+
+
+def tiles_fill_warpgroups(spec: Spec):
+    for phase in ("fwd", "bwd"):
+        tiling = getattr(spec.tiling, phase)
         if tiling.threads % 128:
             yield f"tiling.{phase}.threads", (
                 f"must be a multiple of 128 (whole warpgroups for WGMMA) (got {tiling.threads})"
@@ -319,6 +349,21 @@ def _problems(spec: Spec):
                 f"layout: use block_m = 64 * threads / 128 (= {64 * groups}), or threads = 128 "
                 "with block_m >= 64"
             )
+
+
+# The attention rules, in the order their problems are reported (after the shared ones).
+RULES = (
+    grad_reductions_allowed,
+    tested_kv_heads_fit,
+    gqa_tests_a_grouped_shape,
+    tested_windows_cover_the_blocks,
+    bench_shapes_fit_the_variant,
+    layouts_and_head_dims_listed_once,
+    tested_shapes_have_a_tail,
+    bench_head_dims_built,
+    tiles_fit_shared_memory,
+    tiles_fill_warpgroups,
+)
 
 
 def warpgroup_rows_fit(tiling: GemmTiling) -> bool:
@@ -600,7 +645,9 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]
     """The plan for one runtime shape, as titled tables: kernels and grids, saved tensors and
     their bytes, fp32 atomic targets, split reductions, FLOPs."""
     b, h, s, d = shape["batch"], shape["heads"], shape["seq_len"], shape["head_dim"]
-    kv = shape.get("kv_heads") or h
+    # A bench shape without kv_heads holds None: one KV head per query head. A given value (0
+    # too) is the user's and goes to the shape check.
+    kv = h if shape.get("kv_heads") is None else shape["kv_heads"]
     causal, window = shape.get("causal", p.causal_default), shape.get("window")
     dtype = shape.get("dtype", p.dtypes[0])
     _check_shape(p, b, h, kv, s, d, causal, window, dtype)
@@ -656,8 +703,11 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]
 def _check_shape(p: Plan, b, h, kv, s, d, causal, window, dtype) -> None:
     """What the generated op's input checks would reject, as an explain error."""
     problems = []
-    if min(b, h, kv, s) < 1:
-        problems.append("batch, heads, kv_heads and seq_len must be >= 1")
+    small = [f"{key} must be >= 1 (got {value})"
+             for key, value in (("batch", b), ("heads", h), ("kv_heads", kv), ("seq_len", s))
+             if value < 1]
+    if small:
+        problems += small
     elif h % kv or (kv != h and not p.gqa):
         problems.append(f"kv_heads ({kv}) must divide heads ({h})"
                         + ("" if p.gqa else " and equal it: the spec has no attention.gqa"))

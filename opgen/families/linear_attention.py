@@ -53,6 +53,7 @@ from opgen.spec import (
     TestSection,
     Threads,
     Tolerance,
+    echo,
     merge_defaults,
 )
 
@@ -148,7 +149,8 @@ class LinearAttentionSection(StrictModel):
 
 
 class Grad(StrictModel):
-    # Checked in problems() with the reason: a plain Literal would only list "atomic".
+    # Checked in gradients_are_atomic() with the reason: a plain Literal would only list
+    # "atomic".
     reduction: str = "atomic"
 
 
@@ -217,9 +219,9 @@ class Spec(SpecBase):
     test: LinearAttentionTest = LinearAttentionTest()
     bench: LinearAttentionBench = LinearAttentionBench()
 
-    def problems(self):
-        yield from super().problems()
-        yield from _problems(self)
+    @classmethod
+    def rules(cls):
+        return super().rules() + RULES
 
 
 def smem_bytes(phase: str, tiling: dict[str, int], dim_k: int, dim_v: int) -> int:
@@ -234,20 +236,26 @@ def smem_bytes(phase: str, tiling: dict[str, int], dim_k: int, dim_v: int) -> in
     return 2 * (2 * c * bk + 2 * c * bv + 2 * c * c + 2 * bk * bv)
 
 
-def _problems(spec: Spec):
+def gradients_are_atomic(spec: Spec):
     for name in ("dq", "dk", "dv"):
         got = getattr(spec.grads, name).reduction
         if got != "atomic":
             yield f"grads.{name}.reduction", (
-                "must be atomic (got %r): a backward block sees one Dk and one Dv tile of the "
-                "state, so every gradient is a sum over blocks, added in fp32 with atomics "
-                "(linear_attention has no split variant)" % got
+                f"must be atomic (got {echo(got)}): a backward block sees one Dk and one Dv tile "
+                "of the state, so every gradient is a sum over blocks, added in fp32 with "
+                "atomics (linear_attention has no split variant)"
             )
+
+
+def states_are_recomputed(spec: Spec):
     if spec.saved.states != "recompute":
         yield "saved.states", (
-            f"must be recompute (got {spec.saved.states!r}): the forward saves q, k, v only; "
+            f"must be recompute (got {echo(spec.saved.states)}): the forward saves q, k, v only; "
             "the backward recomputes the running states chunk by chunk"
         )
+
+
+def tiles_fit_warpgroups(spec: Spec):
     for phase in ("fwd", "bwd"):
         t = getattr(spec.tiling, phase)
         where = f"tiling.{phase}"
@@ -261,31 +269,40 @@ def _problems(spec: Spec):
                 f"must be at least 64: WGMMA computes 64-row slices of the chunk's products "
                 f"(got {t.chunk})"
             )
-        need = smem_bytes(phase, t.model_dump(), MAX_HEAD_DIM, MAX_HEAD_DIM)
+
+
+def tiles_fit_shared_memory(spec: Spec):
+    for phase in ("fwd", "bwd"):
+        need = smem_bytes(phase, getattr(spec.tiling, phase).model_dump(), MAX_HEAD_DIM,
+                          MAX_HEAD_DIM)
         if need > SM90_SMEM_LIMIT:
-            yield where, (
+            yield f"tiling.{phase}", (
                 f"needs {need // 1024} KB of shared memory at head dims of {MAX_HEAD_DIM}, over "
                 f"the sm_90 limit of {SM90_SMEM_LIMIT // 1024} KB; lower chunk or the blocks"
             )
+
+
+def tested_shapes_have_tails(spec: Spec):
     shapes = spec.test.shapes
-    chunks = sorted({spec.tiling.fwd.chunk, spec.tiling.bwd.chunk})
     if not shapes:
-        yield "test.shapes", "must list at least one shape"
-    else:
-        for chunk in chunks:
-            if all(s.seq_len % chunk == 0 for s in shapes):
-                yield "test.shapes", (
-                    f"add a shape whose seq_len is not a multiple of {chunk} (a chunk), e.g. "
-                    "{ batch = 2, seq_len = 1000, heads = 4, dim_k = 64, dim_v = 64 }: the tail "
-                    "chunk is where guard bugs hide"
-                )
-        bv = spec.tiling.bwd.block_dv
-        if not any(s.dim_v > bv for s in shapes):
+        return
+    for chunk in sorted({spec.tiling.fwd.chunk, spec.tiling.bwd.chunk}):
+        if all(s.seq_len % chunk == 0 for s in shapes):
             yield "test.shapes", (
-                f"add a shape with dim_v above tiling.bwd.block_dv ({bv}), e.g. dim_v = "
-                f"{2 * bv}: only then do several blocks add into one dQ and dK element"
+                f"add a shape whose seq_len is not a multiple of {chunk} (a chunk), e.g. "
+                "{ batch = 2, seq_len = 1000, heads = 4, dim_k = 64, dim_v = 64 }: the tail "
+                "chunk is where guard bugs hide"
             )
-    for where, group in (("test.shapes", shapes), ("bench.shapes", spec.bench.shapes)):
+    bv = spec.tiling.bwd.block_dv
+    if not any(s.dim_v > bv for s in shapes):
+        yield "test.shapes", (
+            f"add a shape with dim_v above tiling.bwd.block_dv ({bv}), e.g. dim_v = "
+            f"{2 * bv}: only then do several blocks add into one dQ and dK element"
+        )
+
+
+def head_dims_within_limit(spec: Spec):
+    for where, group in (("test.shapes", spec.test.shapes), ("bench.shapes", spec.bench.shapes)):
         for i, s in enumerate(group):
             for dim in ("dim_k", "dim_v"):
                 if getattr(s, dim) > MAX_HEAD_DIM:
@@ -293,12 +310,11 @@ def _problems(spec: Spec):
                         f"must be at most {MAX_HEAD_DIM} (the forward holds all of Dk in shared "
                         f"memory) (got {getattr(s, dim)})"
                     )
-    if not spec.bench.shapes:
-        yield "bench.shapes", "must list at least one shape"
-    if spec.dtypes and spec.bench.dtype not in spec.dtypes:
-        yield "bench.dtype", (
-            f"must be one of the built dtypes {', '.join(spec.dtypes)} (got {spec.bench.dtype!r})"
-        )
+
+
+# The linear_attention rules, in the order their problems are reported (after the shared ones).
+RULES = (gradients_are_atomic, states_are_recomputed, tiles_fit_warpgroups,
+         tiles_fit_shared_memory, tested_shapes_have_tails, head_dims_within_limit)
 
 
 def flops(batch: int, seq_len: int, heads: int, dim_k: int, dim_v: int, chunk: int

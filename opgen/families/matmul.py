@@ -204,9 +204,9 @@ class Spec(SpecBase):
     test: MatmulTest = MatmulTest()
     bench: MatmulBench = MatmulBench()
 
-    def problems(self):
-        yield from super().problems()
-        yield from _problems(self)
+    @classmethod
+    def rules(cls):
+        return super().rules() + RULES
 
 
 def wgmma_warps(tiling: GemmTiling) -> tuple[int, int] | None:
@@ -249,7 +249,7 @@ def axis_blocks(spec_tiling: MatmulTiling) -> dict[str, int]:
     return smallest
 
 
-def _problems(spec: Spec):
+def gemm_tiles_fit_wgmma(spec: Spec):
     for phase in GEMM_PHASES:
         t = getattr(spec.tiling, phase)
         where = f"tiling.{phase}"
@@ -269,12 +269,19 @@ def _problems(spec: Spec):
                 f"whole warpgroups (each warp a multiple of {WARP_ROWS} rows and {WARP_COLS} "
                 "columns); raise block_m or block_n, or lower threads"
             )
-        need = smem_bytes(t)
+
+
+def gemm_tiles_fit_shared_memory(spec: Spec):
+    for phase in GEMM_PHASES:
+        need = smem_bytes(getattr(spec.tiling, phase))
         if need > SM90_SMEM_LIMIT:
-            yield where, (
+            yield f"tiling.{phase}", (
                 f"needs about {need // 1024} KB of shared memory, over the sm_90 limit of "
                 f"{SM90_SMEM_LIMIT // 1024} KB; lower block_m, block_n, block_k or num_stages"
             )
+
+
+def dbias_tile_fits_threads(spec: Spec):
     r = spec.tiling.dbias
     if r.block_m * r.block_n > MAX_DBIAS_ELEMENTS_PER_THREAD * r.threads:
         yield "tiling.dbias", (
@@ -288,24 +295,32 @@ def _problems(spec: Spec):
             f"or more (got {r.block_m * r.block_n})"
         )
 
+
+def tested_shapes_have_tails(spec: Spec):
     shapes = spec.test.shapes
     if not shapes:
-        yield "test.shapes", "must list at least one shape"
-    else:
-        for axis, block in axis_blocks(spec.tiling).items():
-            if all(getattr(s, axis) % block == 0 for s in shapes):
-                yield "test.shapes", (
-                    f"add a shape whose {axis} is not a multiple of {block} (the smallest block "
-                    f"along {axis}), e.g. {{ m = 1000, n = 777, k = 336 }}: tail tiles are where "
-                    "guard bugs hide"
-                )
-        if not any(s.m == s.n == s.k for s in shapes):
+        return
+    for axis, block in axis_blocks(spec.tiling).items():
+        if all(getattr(s, axis) % block == 0 for s in shapes):
             yield "test.shapes", (
-                "add a square shape (m = n = k), e.g. { m = 333, n = 333, k = 333 }: only there "
-                "do dA and dB have one shape, so the tests can check that swapping them fails"
+                f"add a shape whose {axis} is not a multiple of {block} (the smallest block "
+                f"along {axis}), e.g. {{ m = 1000, n = 777, k = 336 }}: tail tiles are where "
+                "guard bugs hide"
             )
-    if not spec.bench.shapes:
-        yield "bench.shapes", "must list at least one shape"
+
+
+def tested_shapes_include_a_square(spec: Spec):
+    shapes = spec.test.shapes
+    if shapes and not any(s.m == s.n == s.k for s in shapes):
+        yield "test.shapes", (
+            "add a square shape (m = n = k), e.g. { m = 333, n = 333, k = 333 }: only there "
+            "do dA and dB have one shape, so the tests can check that swapping them fails"
+        )
+
+
+# The matmul rules, in the order their problems are reported (after the shared ones).
+RULES = (gemm_tiles_fit_wgmma, gemm_tiles_fit_shared_memory, dbias_tile_fits_threads,
+         tested_shapes_have_tails, tested_shapes_include_a_square)
 
 
 def tail_count(shape: MatmulShape, blocks: dict[str, int]) -> int:

@@ -190,9 +190,9 @@ class Spec(SpecBase):
     test: RmsnormTest = RmsnormTest()
     bench: RmsnormBench = RmsnormBench()
 
-    def problems(self):
-        yield from super().problems()
-        yield from _problems(self)
+    @classmethod
+    def rules(cls):
+        return super().rules() + RULES
 
 
 def matrix(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -217,7 +217,7 @@ def shared_bytes(phase: str, tiling: dict[str, int], channels: int, elem: int) -
     return width * (2 * elem + 2 * ACCUM_BYTES) + 2 * workspace
 
 
-def _problems(spec: Spec):
+def chunks_fit_threads(spec: Spec):
     for phase in ("fwd", "bwd"):
         t = getattr(spec.tiling, phase)
         # A fwd chunk is [block_rows, block_channels]; a bwd chunk is one row of block_channels.
@@ -235,6 +235,9 @@ def _problems(spec: Spec):
                 f"({MAX_CHUNK_ELEMENTS_PER_THREAD * t.threads}): each thread holds the fp32 row "
                 f"sums of its elements of a chunk in registers (got {chunk})"
             )
+
+
+def rows_fit_shared_memory(spec: Spec):
     elem = max((DTYPE_BYTES[d] for d in spec.dtypes), default=2)
     limit = spec.rmsnorm.max_channels
     for phase in ("fwd", "bwd"):
@@ -250,38 +253,47 @@ def _problems(spec: Spec):
                 f"C = {limit} (rounded up to whole block_channels chunks), over the sm_90 limit "
                 f"{SM90_SMEM_LIMIT}; lower {lower} (got {limit})"
             )
+
+
+def tested_shapes_within_max_channels(spec: Spec):
+    limit = spec.rmsnorm.max_channels
+    for i, shape in enumerate(spec.test.shapes):
+        if shape[-1] > limit:
+            yield f"test.shapes.{i}", (
+                f"last dim (C) must be at most rmsnorm.max_channels ({limit}) (got {shape[-1]})"
+            )
+
+
+def tested_shapes_have_tails(spec: Spec):
     shapes = spec.test.shapes
     if not shapes:
-        yield "test.shapes", "must list at least one shape"
-    else:
-        for i, shape in enumerate(shapes):
-            if shape[-1] > limit:
-                yield f"test.shapes.{i}", (
-                    f"last dim (C) must be at most rmsnorm.max_channels ({limit}) (got {shape[-1]})"
-                )
-        smallest = min(spec.tiling.fwd.block_channels, spec.tiling.bwd.block_channels)
-        if not any(_column_tail(spec, s) for s in shapes):
-            yield "test.shapes", (
-                f"add a shape whose last dim (C) is not a multiple of {smallest} (the smallest "
-                "block_channels), e.g. [3, 333, 77]: tail chunks are where guard bugs hide"
-            )
-        rows = _smallest_block_rows(spec)
-        if rows > 1 and not any(_row_tail(spec, s) for s in shapes):
-            yield "test.shapes", (
-                f"add a shape whose rows (elements / last dim) are not a multiple of {rows} (the "
-                "smallest block_rows), e.g. [3, 333, 77]: tail rows are where guard bugs hide"
-            )
-    if not spec.bench.shapes:
-        yield "bench.shapes", "must list at least one shape"
+        return
+    smallest = min(spec.tiling.fwd.block_channels, spec.tiling.bwd.block_channels)
+    if not any(_column_tail(spec, s) for s in shapes):
+        yield "test.shapes", (
+            f"add a shape whose last dim (C) is not a multiple of {smallest} (the smallest "
+            "block_channels), e.g. [3, 333, 77]: tail chunks are where guard bugs hide"
+        )
+    rows = _smallest_block_rows(spec)
+    if rows > 1 and not any(_row_tail(spec, s) for s in shapes):
+        yield "test.shapes", (
+            f"add a shape whose rows (elements / last dim) are not a multiple of {rows} (the "
+            "smallest block_rows), e.g. [3, 333, 77]: tail rows are where guard bugs hide"
+        )
+
+
+def bench_shapes_within_max_channels(spec: Spec):
+    limit = spec.rmsnorm.max_channels
     for i, shape in enumerate(spec.bench.shapes):
         if shape.channels > limit:
             yield f"bench.shapes.{i}.channels", (
                 f"must be at most rmsnorm.max_channels ({limit}) (got {shape.channels})"
             )
-    if spec.dtypes and spec.bench.dtype not in spec.dtypes:
-        yield "bench.dtype", (
-            f"must be one of the built dtypes {', '.join(spec.dtypes)} (got {spec.bench.dtype!r})"
-        )
+
+
+# The rmsnorm rules, in the order their problems are reported (after the shared ones).
+RULES = (chunks_fit_threads, rows_fit_shared_memory, tested_shapes_within_max_channels,
+         tested_shapes_have_tails, bench_shapes_within_max_channels)
 
 
 def _smallest_block_rows(spec: Spec) -> int:

@@ -178,9 +178,9 @@ class Spec(SpecBase):
     test: ScaledSiluTest = ScaledSiluTest()
     bench: ScaledSiluBench = ScaledSiluBench()
 
-    def problems(self):
-        yield from super().problems()
-        yield from _problems(self)
+    @classmethod
+    def rules(cls):
+        return super().rules() + RULES
 
 
 def tile(weight: str, tiling: ElementwiseTiling) -> tuple[int, int]:
@@ -198,8 +198,7 @@ def matrix(weight: str, shape: tuple[int, ...]) -> tuple[int, int]:
     return numel // shape[-1], shape[-1]
 
 
-def _problems(spec: Spec):
-    weight = spec.scaled_silu.weight
+def blocks_cover_threads(spec: Spec):
     for phase in ("fwd", "bwd"):
         tiling = getattr(spec.tiling, phase)
         if tiling.block < tiling.threads:
@@ -207,11 +206,21 @@ def _problems(spec: Spec):
                 f"must be at least threads ({tiling.threads}): one element per thread or more "
                 f"(got {tiling.block})"
             )
-        if weight == "channel" and tiling.block_channels > tiling.block:
+
+
+def channel_tiles_fit_blocks(spec: Spec):
+    if spec.scaled_silu.weight != "channel":
+        return
+    for phase in ("fwd", "bwd"):
+        tiling = getattr(spec.tiling, phase)
+        if tiling.block_channels > tiling.block:
             yield f"tiling.{phase}.block_channels", (
                 f"must be at most block ({tiling.block}): a tile is [block // block_channels, "
                 f"block_channels] (got {tiling.block_channels})"
             )
+
+
+def bwd_block_fits_registers(spec: Spec):
     bwd = spec.tiling.bwd
     if bwd.block > MAX_BWD_ELEMENTS_PER_THREAD * bwd.threads:
         yield "tiling.bwd.block", (
@@ -219,32 +228,39 @@ def _problems(spec: Spec):
             f"({MAX_BWD_ELEMENTS_PER_THREAD * bwd.threads}): each thread holds the fp32 dw terms "
             f"of its elements in registers (got {bwd.block})"
         )
+
+
+def tested_shapes_have_tails(spec: Spec):
+    weight = spec.scaled_silu.weight
     shapes = spec.test.shapes
     if not shapes:
-        yield "test.shapes", "must list at least one shape"
-    elif weight == "scalar":
+        return
+    if weight == "scalar":
         smallest = min(spec.tiling.fwd.block, spec.tiling.bwd.block)
         if all(math.prod(s) % smallest == 0 for s in shapes):
             yield "test.shapes", (
                 f"add a shape whose element count is not a multiple of {smallest} (the smallest "
                 "block), e.g. [4097]: tail blocks are where guard bugs hide"
             )
-    else:
-        tiles = [tile(weight, getattr(spec.tiling, p)) for p in ("fwd", "bwd")]
-        cols = min(c for _, c in tiles)
-        rows = min(r for r, _ in tiles)
-        if all(s[-1] % cols == 0 for s in shapes):
-            yield "test.shapes", (
-                f"add a shape whose last dim (C) is not a multiple of {cols} (the smallest "
-                "block_channels), e.g. [3, 1000, 77]: tail channels are where guard bugs hide"
-            )
-        if rows > 1 and all(matrix(weight, s)[0] % rows == 0 for s in shapes):
-            yield "test.shapes", (
-                f"add a shape whose rows (elements / last dim) are not a multiple of {rows} (the "
-                "smallest tile's rows), e.g. [3, 1000, 77]: tail rows are where guard bugs hide"
-            )
-    if not spec.bench.shapes:
-        yield "bench.shapes", "must list at least one shape"
+        return
+    tiles = [tile(weight, getattr(spec.tiling, p)) for p in ("fwd", "bwd")]
+    cols = min(c for _, c in tiles)
+    rows = min(r for r, _ in tiles)
+    if all(s[-1] % cols == 0 for s in shapes):
+        yield "test.shapes", (
+            f"add a shape whose last dim (C) is not a multiple of {cols} (the smallest "
+            "block_channels), e.g. [3, 1000, 77]: tail channels are where guard bugs hide"
+        )
+    if rows > 1 and all(matrix(weight, s)[0] % rows == 0 for s in shapes):
+        yield "test.shapes", (
+            f"add a shape whose rows (elements / last dim) are not a multiple of {rows} (the "
+            "smallest tile's rows), e.g. [3, 1000, 77]: tail rows are where guard bugs hide"
+        )
+
+
+# The scaled_silu rules, in the order their problems are reported (after the shared ones).
+RULES = (blocks_cover_threads, channel_tiles_fit_blocks, bwd_block_fits_registers,
+         tested_shapes_have_tails)
 
 
 @dataclass(frozen=True)

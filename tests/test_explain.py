@@ -1,0 +1,47 @@
+"""`opgen explain`: a --shape value the user gives is the one explained (or refused), never
+replaced by a default."""
+
+from __future__ import annotations
+
+from conftest import write_spec
+
+GQA = (
+    'name = "x"\nfamily = "attention"\n[attention]\ngqa = true\n'
+    "[test]\nshapes = [{batch=1, heads=8, kv_heads=2, seq_len=333}]\n"
+)
+SHAPE = "batch=1,heads=8,seq_len=128,head_dim=64"
+
+
+def test_kv_heads_zero_is_refused(project, cli):
+    write_spec(project, GQA)
+    result = cli("explain", "specs/x.toml", "--shape", SHAPE + ",kv_heads=0")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == "--shape: kv_heads must be >= 1 (got 0)\n"
+
+
+def test_kv_heads_given_is_used(project, cli):
+    write_spec(project, GQA)
+    result = cli("explain", "specs/x.toml", "--shape", SHAPE + ",kv_heads=2")
+    assert result.exit_code == 0, result.output
+    assert "heads=8 kv_heads=2 " in result.stdout and "(groups=4)" in result.stdout
+
+
+def test_kv_heads_left_out_is_heads(project, cli):
+    write_spec(project, GQA)
+    result = cli("explain", "specs/x.toml", "--shape", SHAPE)
+    assert result.exit_code == 0, result.output
+    assert "heads=8 kv_heads=8 " in result.stdout and "(groups=1)" in result.stdout
+
+
+def test_default_shape_is_the_first_bench_shape(project, cli):
+    write_spec(project, 'name = "x"\nfamily = "attention"\n')
+    result = cli("explain", "specs/x.toml")
+    assert result.exit_code == 0, result.output
+    assert "shape: batch=4 heads=16 kv_heads=16 seq_len=4096 head_dim=128" in result.stdout
+
+
+def test_spec_without_bench_shapes_is_refused_before_explaining(project, cli):
+    write_spec(project, 'name = "x"\nfamily = "attention"\n[bench]\nshapes = []\n')
+    result = cli("explain", "specs/x.toml")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == "specs/x.toml: bench.shapes: must list at least one shape\n"
