@@ -23,3 +23,9 @@ class CheckFailed(OpgenError):
     """A check (generated/ out of step, compile failure) did not pass."""
 
     exit_code = 1
+
+
+class Interrupted(OpgenError):
+    """Ctrl-C or SIGTERM: the shell's exit status for SIGINT."""
+
+    exit_code = 130

@@ -1,18 +1,50 @@
-"""Writing generated packages (write-if-changed, atomically) and diffing them (`opgen check`)."""
+"""Writing generated packages and diffing them (`opgen check`).
+
+What a write guarantees:
+- Ownership: a package is replaced only by the spec its manifest names (or with force), and a
+  directory opgen did not write is never replaced without force.
+- Interrupt safety: the new tree is built in a staging directory beside the package and swapped in
+  with one atomic exchange of the two directories, so at every instant `generated/<name>/` is the
+  whole old package or the whole new one. Entries `generated/.<name>.*` a killed build leaves
+  behind are removed by the next write of that package and reported by `check`.
+- Concurrency: writers of one output directory take an exclusive lock on it (readers a shared one),
+  so two builds at once run their swaps one after the other.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import difflib
-import json
+import errno
 import os
 import shutil
+import signal
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
-from opgen.render import MANIFEST, Generated, sha256
+from opgen.errors import OpgenError
+from opgen.manifest import MANIFEST, Manifest, ManifestError, parse_manifest, sha256
+from opgen.render import Generated
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; concurrent builds are not serialized there
+    fcntl = None
+
+OUT_ROOT = Path("generated")
+# Never part of a package, never reported: caches that running the generated tests creates.
 IGNORED = {"__pycache__", ".pytest_cache"}
+# Files of the output root a repository may keep beside the packages.
+ROOT_FILES_ALLOWED = {".gitignore", ".gitattributes"}
+
+
+class OwnershipError(OpgenError):
+    """A build would replace a package that another spec (or no spec) wrote."""
 
 
 @dataclass(frozen=True)
@@ -21,88 +53,326 @@ class WriteResult:
     unchanged: int
 
 
-def write(gen: Generated, root: Path) -> WriteResult:
+def write(gen: Generated, root: Path, *, compile_checked: bool = False,
+          force: bool = False) -> WriteResult:
     """Make root/generated/<name>/ hold exactly gen.files.
 
-    Unchanged files are not touched (their mtimes stay). When anything changed, the new tree is
-    built in a temporary directory beside the target and swapped in with renames, so an
-    interrupted build never leaves a half-written package.
+    compile_checked: the kernels of gen passed the compile check in this build. Without it the
+    manifest keeps an earlier build's check when kernels.py is unchanged. Unchanged files are not
+    touched (their mtimes stay).
     """
+    out_root = root / OUT_ROOT
+    out_root.mkdir(parents=True, exist_ok=True)
     target = root / gen.out_dir
-    current = read_tree(target)
-    written = sum(1 for name, text in gen.files.items() if current.get(name) != text)
-    stale = set(current) - set(gen.files)
-    if not written and not stale:
-        return WriteResult(0, len(gen.files))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{gen.name}.", dir=target.parent))
+    with _locked(out_root, exclusive=True):
+        _recover(out_root, gen.name)
+        problem = ownership_problem(gen, root)
+        if problem and not force:
+            raise OwnershipError(problem)
+        current = read_tree(target)
+        if not compile_checked:
+            compile_checked = _still_compile_checked(current, gen)
+        files = {name: text.encode("utf-8")
+                 for name, text in gen.with_compile_checked(compile_checked).files.items()}
+        written = sum(1 for name, data in files.items() if current.get(name) != data)
+        stale = set(current) - set(files)
+        if not written and not stale:
+            return WriteResult(0, len(files))
+        staging = Path(tempfile.mkdtemp(prefix=f".{gen.name}.staging-", dir=out_root))
+        try:
+            for name, data in files.items():
+                dest = staging / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if current.get(name) == data:
+                    shutil.copy2(target / name, dest)  # keeps the mtime of an unchanged file
+                else:
+                    dest.write_bytes(data)
+            _swap_in(staging, target)
+        finally:
+            # After the swap the staging path holds the old tree (or nothing); before it, a
+            # partial new one. Either way it goes; if this is interrupted, the next write cleans.
+            shutil.rmtree(staging, ignore_errors=True)
+    return WriteResult(written, len(files) - written)
+
+
+def ownership_problem(gen: Generated, root: Path) -> str | None:
+    """Why writing gen would replace something it does not own, or None."""
+    target = root / gen.out_dir
+    shown = gen.out_dir.as_posix()
+    if not target.exists():
+        return None
+    if not target.is_dir():
+        return (f"{gen.spec_path}: name: {shown} exists and is not a directory; move it away, "
+                "or pass --force to replace it")
+    raw = _read_manifest_bytes(target)
+    if raw is None:
+        if not read_tree(target):
+            return None
+        return (f"{gen.spec_path}: name: {shown}/ exists and was not written by opgen (it has no "
+                f"{MANIFEST}); move it away, or pass --force to replace it")
     try:
-        for name, text in gen.files.items():
-            dest = staging / name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if current.get(name) == text:
-                shutil.copy2(target / name, dest)  # keeps the mtime of an unchanged file
-            else:
-                dest.write_text(text, encoding="utf-8")
-        old = target.with_name(f".{gen.name}.old")
-        if target.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
+        owner = parse_manifest(raw).spec
+    except ManifestError as exc:
+        return (f"{gen.spec_path}: name: {shown}/{MANIFEST} is corrupt ({exc}), so the spec that "
+                "owns the package is unknown; pass --force to replace it")
+    if owner != gen.spec_path:
+        return (f"{gen.spec_path}: name: {shown}/ was built from {owner}; building "
+                f"{gen.spec_path} (name = \"{gen.name}\") would replace it. Give one of the two "
+                f"specs another name, or pass --force if {gen.spec_path} now owns the package "
+                f"(for example after moving {owner})")
+    return None
+
+
+def _still_compile_checked(current: dict[str, bytes], gen: Generated) -> bool:
+    """An earlier build's compile check still holds when kernels.py is byte for byte the same."""
+    manifest = _parse_or_none(current.get(MANIFEST))
+    kernels = gen.files.get("kernels.py")
+    return bool(manifest and manifest.compile_checked and kernels is not None
+                and current.get("kernels.py") == kernels.encode("utf-8"))
+
+
+# --- the swap and its recovery ----------------------------------------------------------------------
+
+def _swap_in(staging: Path, target: Path) -> None:
+    """Put staging where target is, in one step when the system allows it."""
+    if not target.exists():
         os.replace(staging, target)
-        shutil.rmtree(old, ignore_errors=True)
+        return
+    if _exchange(staging, target):
+        return
+    # No atomic exchange here: two renames, with SIGINT/SIGTERM held back in between so that an
+    # interrupt cannot fall between them; a SIGKILL there is repaired by _recover().
+    old = target.with_name(f".{target.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    with _signals_deferred():
+        os.replace(target, old)
+        os.replace(staging, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _recover(out_root: Path, name: str) -> None:
+    """Undo what an interrupted write of package `name` left (called with the lock held)."""
+    target, old = out_root / name, out_root / f".{name}.old"
+    if not target.exists() and old.is_dir():
+        os.replace(old, target)  # killed between the two renames: the old tree is whole
+    for path in leftovers(out_root, name):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def leftovers(out_root: Path, name: str | None = None) -> list[Path]:
+    """Staging or old trees of interrupted writes: `.<name>.*` beside the packages."""
+    if not out_root.is_dir():
+        return []
+    found = []
+    for path in sorted(out_root.iterdir()):
+        parts = path.name.split(".")
+        if len(parts) >= 3 and parts[0] == "" and parts[1].isidentifier() and (
+            name is None or parts[1] == name
+        ):
+            found.append(path)
+    return found
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+_renameat2 = None
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories atomically (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    global _renameat2
+    if _renameat2 is None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        _renameat2 = getattr(libc, "renameat2", False)
+    if not _renameat2:
+        return False
+    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False  # the file system cannot exchange
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    held = {signal.SIGINT, signal.SIGTERM}
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return WriteResult(written, len(gen.files) - written)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def read_tree(directory: Path) -> dict[str, str]:
+LOCK_WAIT_S = 120
+
+
+@contextlib.contextmanager
+def _locked(directory: Path, exclusive: bool) -> Iterator[None]:
+    """An advisory lock on the output directory itself: no lock file to commit or clean up.
+
+    Polled rather than blocking, so Ctrl-C works while waiting and a lock that is never released
+    (a holder stuck, or an interrupt that skipped the release in a process that lives on) gives
+    an error instead of a hang. A process that ends releases its locks.
+    """
+    if fcntl is None or not directory.is_dir():
+        yield
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, mode)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise OpgenError(f"{directory}: another opgen process has held its lock for "
+                                     f"{LOCK_WAIT_S} s; wait for it or end it") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+# --- reading and diffing ----------------------------------------------------------------------------
+
+def read_tree(directory: Path) -> dict[str, bytes]:
+    """The files of a package as bytes (line endings and encodings are compared, not translated)."""
     if not directory.is_dir():
         return {}
     files = {}
     for path in sorted(directory.rglob("*")):
         rel = path.relative_to(directory)
         if path.is_file() and not IGNORED.intersection(rel.parts) and path.suffix != ".pyc":
-            files[rel.as_posix()] = path.read_text(encoding="utf-8", errors="replace")
+            files[rel.as_posix()] = path.read_bytes()
     return files
+
+
+def _read_manifest_bytes(package: Path) -> bytes | None:
+    path = package / MANIFEST
+    return path.read_bytes() if path.is_file() else None
+
+
+def _parse_or_none(raw: bytes | None) -> Manifest | None:
+    if raw is None:
+        return None
+    try:
+        return parse_manifest(raw)
+    except ManifestError:
+        return None
 
 
 @dataclass(frozen=True)
 class Drift:
     path: str  # relative to the project root
-    kind: str  # hand-edited | stale | missing | extra
-    diff: str
+    kind: str  # one of DRIFT_REASONS
+    diff: str = ""
+    detail: str = ""  # replaces the kind's standard reason where the case needs its own words
+
+    def message(self, spec_path: str = "") -> str:
+        reason = self.detail or DRIFT_REASONS[self.kind].format(spec=spec_path or "its spec")
+        return f"{self.path}: {self.kind} ({reason})"
 
 
-def diff(gen: Generated, root: Path, max_lines: int = 20) -> list[Drift]:
+DRIFT_REASONS = {
+    "stale": "the spec or opgen changed since the last build of {spec}",
+    "hand-edited": "edited by hand since opgen wrote it",
+    "missing": "not on disk",
+    "extra": "not generated by the spec",
+    "corrupt": "the manifest is not one opgen wrote",
+    "leftover": "left by an interrupted build; the next `opgen build` of the package removes it",
+    "not compile-checked": "built with --no-compile; run `opgen build` without it",
+}
+
+
+def diff(gen: Generated, root: Path, max_lines: int = 20,
+         require_compiled: bool = False) -> list[Drift]:
     """How root/generated/<name>/ differs from what the spec renders to, file by file."""
-    target = root / gen.out_dir
-    on_disk = read_tree(target)
-    recorded = _recorded_hashes(on_disk.get(MANIFEST))
-    drifts = []
-    for name in sorted(set(on_disk) | set(gen.files)):
+    out_root = root / OUT_ROOT
+    with _locked(out_root, exclusive=False):
+        on_disk = read_tree(root / gen.out_dir)
+        found_leftovers = leftovers(out_root, gen.name)
+    drifts = [Drift((OUT_ROOT / p.name).as_posix(), "leftover") for p in found_leftovers]
+    manifest = None
+    if MANIFEST in on_disk:
+        try:
+            manifest = parse_manifest(on_disk[MANIFEST])
+        except ManifestError as exc:
+            drifts.append(Drift((gen.out_dir / MANIFEST).as_posix(), "corrupt",
+                                detail=f"{exc}; `opgen build --force` rewrites it"))
+    recorded = manifest.files if manifest else {}
+    # The compile flag is what the last build found, not something the spec determines: the
+    # expected manifest carries the flag on disk, and only require_compiled asks for it.
+    checked = manifest.compile_checked if manifest else False
+    expected = {name: text.encode("utf-8")
+                for name, text in gen.with_compile_checked(checked).files.items()}
+    for name in sorted(set(on_disk) | set(expected)):
         shown = (gen.out_dir / name).as_posix()
         if name not in on_disk:
-            drifts.append(Drift(shown, "missing", ""))
-        elif name not in gen.files:
-            drifts.append(Drift(shown, "extra", ""))
-        elif on_disk[name] != gen.files[name]:
+            drifts.append(Drift(shown, "missing"))
+        elif name not in expected:
+            drifts.append(Drift(shown, "extra"))
+        elif on_disk[name] != expected[name]:
+            if name == MANIFEST and manifest is None:
+                continue  # reported as corrupt above
             # The manifest says what opgen last wrote: a file that no longer matches it was
             # edited by hand; one that still does is merely stale (spec or opgen changed).
             edited = name != MANIFEST and recorded.get(name) != sha256(on_disk[name])
-            lines = list(difflib.unified_diff(
-                on_disk[name].splitlines(), gen.files[name].splitlines(),
-                f"{shown} (on disk)", f"{shown} (from {gen.spec_path})", lineterm="", n=1,
-            ))
-            if len(lines) > max_lines:
-                lines = lines[:max_lines] + [f"... ({len(lines) - max_lines} more diff lines)"]
-            drifts.append(Drift(shown, "hand-edited" if edited else "stale", "\n".join(lines)))
+            drifts.append(Drift(shown, "hand-edited" if edited else "stale",
+                                _short_diff(shown, gen.spec_path, on_disk[name], expected[name],
+                                            max_lines)))
+    if require_compiled and manifest and not manifest.compile_checked:
+        drifts.append(Drift(f"{gen.out_dir.as_posix()}/", "not compile-checked"))
     return drifts
 
 
-def _recorded_hashes(manifest_text: str | None) -> dict[str, str]:
-    if not manifest_text:
-        return {}
-    try:
-        return dict(json.loads(manifest_text).get("files", {}))
-    except (ValueError, AttributeError):
-        return {}
+def _short_diff(shown: str, spec_path: str, old: bytes, new: bytes, max_lines: int) -> str:
+    old_text, new_text = old.decode("utf-8", "replace"), new.decode("utf-8", "replace")
+    if old_text.splitlines() == new_text.splitlines():
+        crlf = b"\r\n" in old
+        return f"  (only the line endings differ{': CRLF on disk' if crlf else ''})"
+    lines = list(difflib.unified_diff(
+        old_text.splitlines(), new_text.splitlines(),
+        f"{shown} (on disk)", f"{shown} (from {spec_path})", lineterm="", n=1,
+    ))
+    if len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"... ({len(lines) - max_lines} more diff lines)"]
+    return "\n".join(lines)
+
+
+def project_drifts(root: Path, known: set[str]) -> list[Drift]:
+    """Everything in generated/ that no spec of the project accounts for: packages whose spec is
+    gone, directories opgen did not write, stray files, leftovers of interrupted builds."""
+    out_root = root / OUT_ROOT
+    if not out_root.is_dir():
+        return []
+    with _locked(out_root, exclusive=False):
+        entries = sorted(out_root.iterdir())
+        found_leftovers = set(leftovers(out_root))
+    drifts = []
+    for path in entries:
+        shown = (OUT_ROOT / path.name).as_posix()
+        if path.name in IGNORED or path.name in ROOT_FILES_ALLOWED:
+            continue
+        if path in found_leftovers:
+            if path.name.split(".")[1] not in known:  # known packages report their own
+                drifts.append(Drift(shown, "leftover"))
+        elif not path.is_dir():
+            drifts.append(Drift(shown, "extra", detail="a stray file: generated/ holds only "
+                                "packages; move it elsewhere"))
+        elif path.name not in known:
+            if (path / MANIFEST).is_file():
+                why = "no spec in specs/ builds it; delete it or restore its spec"
+            else:
+                why = (f"not written by opgen (no {MANIFEST}); generated/ holds only generated "
+                       "packages: move it elsewhere")
+            drifts.append(Drift(f"{shown}/", "extra", detail=why))
+    return drifts

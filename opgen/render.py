@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -15,10 +13,10 @@ import jinja2
 from opgen import __version__
 from opgen.errors import SpecError
 from opgen.families import FAMILIES, family_names
+from opgen.manifest import MANIFEST, render_manifest
 from opgen.plan import SourceInfo
-from opgen.spec import read_spec, validate
+from opgen.spec import echo, read_spec, validate
 
-MANIFEST = "opgen-manifest.json"
 BLACK_MODE = black.Mode(line_length=100)
 
 
@@ -34,6 +32,12 @@ class Generated:
     @property
     def out_dir(self) -> Path:
         return Path("generated") / self.name
+
+    def with_compile_checked(self, checked: bool) -> "Generated":
+        """The same package, its manifest recording whether the kernels passed the compile check."""
+        files = dict(self.files)
+        files[MANIFEST] = manifest(self.plan.source, files, checked)
+        return replace(self, files=files)
 
 
 def environment() -> jinja2.Environment:
@@ -57,7 +61,7 @@ def load_plan(path: Path) -> Any:
         )])
     if not isinstance(family, str) or family not in FAMILIES:
         raise SpecError(source.path, [(
-            "family", f"must be one of {', '.join(family_names())} (got {family!r})",
+            "family", f"must be one of {', '.join(family_names())} (got {echo(family)})",
         )])
     module = FAMILIES[family]
     spec = validate(module.Spec, source)
@@ -71,7 +75,7 @@ def generate(path: Path, env: jinja2.Environment | None = None) -> Generated:
     for out_name, template in sorted(module.TEMPLATES.items()):
         text = env.get_template(template).render(plan=plan, header=header(plan.source))
         files[out_name.format(name=plan.name)] = black.format_str(text, mode=BLACK_MODE)
-    files[MANIFEST] = manifest(plan.source, files)
+    files[MANIFEST] = manifest(plan.source, files, compile_checked=False)
     return Generated(plan.name, plan.source.spec_path, plan, files)
 
 
@@ -83,16 +87,7 @@ def header(source: SourceInfo) -> str:
     )
 
 
-def manifest(source: SourceInfo, files: dict[str, str]) -> str:
-    """Spec hash and file hashes: lets `opgen check` tell a changed spec from a hand edit."""
-    data = {
-        "generator": f"opgen {source.opgen_version}",
-        "spec": source.spec_path,
-        "spec_sha256": source.spec_sha256,
-        "files": {name: sha256(text) for name, text in sorted(files.items())},
-    }
-    return json.dumps(data, indent=2, sort_keys=True) + "\n"
-
-
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+def manifest(source: SourceInfo, files: dict[str, str], compile_checked: bool) -> str:
+    """Spec and file hashes: let `opgen check` tell a changed spec from a hand edit."""
+    return render_manifest(source.spec_path, source.spec_sha256, f"opgen {source.opgen_version}",
+                           files, compile_checked)

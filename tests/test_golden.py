@@ -22,6 +22,7 @@ import pytest
 from conftest import REPO_ROOT
 
 from opgen import __version__
+from opgen.manifest import ManifestError, parse_manifest, render_manifest
 from opgen.render import MANIFEST, generate
 
 # Every shipped spec against its committed package, then the test-only specs.
@@ -86,10 +87,23 @@ def rendered() -> dict[str, dict[str, str]]:
         os.chdir(cwd)
 
 
+def with_compile_flag_of(golden_dir: Path, files: dict[str, str]) -> dict[str, str]:
+    """files with the manifest's compile flag as on disk: the flag records what the last build's
+    compile check found, which rendering alone does not know."""
+    path = golden_dir / MANIFEST
+    try:
+        checked = parse_manifest(path.read_bytes()).compile_checked
+    except (OSError, ManifestError):
+        return files
+    ours = parse_manifest(files[MANIFEST].encode("utf-8"))
+    return {**files, MANIFEST: render_manifest(ours.spec, ours.spec_sha256, ours.generator, files,
+                                               checked)}
+
+
 @pytest.mark.parametrize("spec, golden", GOLDEN, ids=IDS)
 def test_golden_tree(rendered, spec, golden, update_golden):
-    files = rendered[spec]
     golden_dir = REPO_ROOT / golden
+    files = with_compile_flag_of(golden_dir, rendered[spec])
     if update_golden:
         rewrite_tree(golden_dir, files)
     on_disk = read_tree(golden_dir)
@@ -100,6 +114,13 @@ def test_golden_tree(rendered, spec, golden, update_golden):
     assert not changed, f"{golden}/ differs from {spec} in {changed}; {hint}\n" + "\n".join(
         short_diff(f"{golden}/{name}", on_disk[name], expected[name]) for name in changed
     )
+
+
+@pytest.mark.parametrize("spec, golden", SHIPPED, ids=[Path(s).stem for s, _ in SHIPPED])
+def test_shipped_packages_were_compile_checked(spec, golden):
+    """The committed packages come from a build that compiled every kernel (not --no-compile)."""
+    manifest = parse_manifest((REPO_ROOT / golden / MANIFEST).read_bytes())
+    assert manifest.compile_checked, f"{golden}/ was built with --no-compile; run `opgen build {spec}`"
 
 
 @pytest.mark.parametrize("spec, golden", GOLDEN, ids=IDS)
@@ -178,6 +199,7 @@ def test_manifest(rendered, spec, golden):
     data = json.loads(files[MANIFEST])
     assert data["generator"] == f"opgen {__version__}"
     assert data["spec"] == spec
+    assert data["compile_checked"] is False  # rendering alone; a build records its check
     assert data["spec_sha256"] == hashlib.sha256((REPO_ROOT / spec).read_bytes()).hexdigest()
     assert data["files"] == {
         name: hashlib.sha256(text.encode("utf-8")).hexdigest()
