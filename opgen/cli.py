@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,13 +18,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from opgen import __version__
-from opgen.errors import CheckFailed, OpgenError, SpecError
+from opgen.errors import CheckFailed, Interrupted, OpgenError, SpecError
 from opgen.families import FAMILIES, family_names
 from opgen.render import Generated, environment, generate
-from opgen.spec import check_identifier, path_for_display
+from opgen.spec import check_identifier, echo, path_for_display
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-# Wide tables when piped (CI logs, docs); the terminal's width otherwise.
 # Wide tables when piped (CI logs, docs); messages never wrapped (one problem, one line).
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 160)
@@ -44,6 +44,8 @@ def _main(
 ) -> None:
     """opgen: generate differentiable TileLang operators from TOML specs."""
     _state["debug"] = debug
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
 
 
 @contextlib.contextmanager
@@ -56,6 +58,16 @@ def user_errors() -> Iterator[None]:
             raise
         err.print(str(exc), markup=False)
         raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        if _state["debug"]:
+            raise
+        err.print("interrupted", markup=False)
+        raise typer.Exit(Interrupted.exit_code) from None
+
+
+def _terminate_as_interrupt(signum, frame) -> None:
+    # SIGTERM (a CI timeout, `kill`) cleans up like Ctrl-C: compile workers stopped, nothing half-written.
+    raise KeyboardInterrupt
 
 
 def _spec_paths(specs: list[Path]) -> list[Path]:
@@ -120,22 +132,38 @@ def new(
     with user_errors():
         known = scaffolds()
         if scaffold not in known:
-            raise OpgenError(f"unknown scaffold {scaffold!r}; one of: {', '.join(sorted(known))}")
+            raise OpgenError(f"unknown scaffold {echo(scaffold)}; one of: {', '.join(sorted(known))}")
         family, preset = known[scaffold]
         name = scaffold if name is None else name
         try:
             check_identifier(name)
         except ValueError as exc:
-            raise OpgenError(f"--name: {exc} (got {name!r})") from None
+            raise OpgenError(f"--name: {exc} (got {echo(name)})") from None
         target = out_path or Path("specs") / f"{name}.toml"
-        if target.exists():
-            raise OpgenError(f"{path_for_display(target)}: already exists; not overwriting it "
-                             "(choose another --out or --name)")
-        text = environment().get_template(f"new/{family}.toml.jinja").render(name=name, preset=preset)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
         shown = path_for_display(target)
+        text = environment().get_template(f"new/{family}.toml.jinja").render(name=name, preset=preset)
+        try:
+            blocked = _not_a_directory(target.parent)
+            if blocked:
+                raise OpgenError(f"{shown}: cannot write it: {blocked} is a file, not a "
+                                 "directory; choose another --out")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with target.open("x", encoding="utf-8") as file:  # "x": never replaces a file
+                file.write(text)
+        except FileExistsError:
+            raise OpgenError(f"{shown}: already exists; not overwriting it "
+                             "(choose another --out or --name)") from None
+        except OSError as exc:
+            raise OpgenError(f"{shown}: cannot write it ({exc.strerror}); choose another --out") from None
         out.print(f"wrote {shown}\nnext: edit it, then `opgen build {shown}`")
+
+
+def _not_a_directory(directory: Path) -> str | None:
+    """The first of directory and its parents that exists but is not a directory, if any."""
+    for path in [*reversed(directory.parents), directory]:
+        if path.exists() and not path.is_dir():
+            return path_for_display(path)
+    return None
 
 
 @app.command()
@@ -143,24 +171,42 @@ def build(
     specs: list[Path] = typer.Argument(None, help="Spec files (default: specs/*.toml)."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Skip the CPU compile check."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Compile processes (default: CPUs)."),
+    force: bool = typer.Option(False, "--force", help="Replace a package even if another spec (or "
+                               "no spec) wrote it."),
 ) -> None:
     """Validate specs, render generated/<name>/, format with black, compile-check every kernel."""
-    from opgen.output import write
+    from opgen.output import ownership_problem, write
 
     with user_errors():
         started = time.perf_counter()
         generated = _generate_all(_spec_paths(specs or []))
+        if not force:
+            # Checked before the compile check so the refusal is immediate; write() checks again
+            # under the output lock.
+            refused = [p for p in (ownership_problem(gen, Path.cwd()) for gen in generated) if p]
+            if refused:
+                raise OpgenError("\n".join(refused))
         rows = {gen.spec_path: [gen.spec_path, "-", "-", "-", "-"] for gen in generated}
         # Compile first, from a scratch copy of each kernels.py: a spec whose kernels do not
         # compile writes nothing, and its last good package stays as it was.
-        failures = [] if no_compile else _compile(generated, rows, jobs)
+        try:
+            failures = [] if no_compile else _compile(generated, rows, jobs)
+        except KeyboardInterrupt:
+            raise Interrupted("interrupted during the compile check; nothing was written") from None
         failed = {f.spec for f in failures}
-        for gen in generated:
-            if gen.spec_path in failed:
-                rows[gen.spec_path][1:3] = ["0 (compile failed)", "-"]
-                continue
-            result = write(gen, Path.cwd())
-            rows[gen.spec_path][1:3] = [str(result.written), str(result.unchanged)]
+        done = []
+        try:
+            for gen in generated:
+                if gen.spec_path in failed:
+                    rows[gen.spec_path][1:3] = ["0 (compile failed)", "-"]
+                    continue
+                result = write(gen, Path.cwd(), compile_checked=not no_compile, force=force)
+                rows[gen.spec_path][1:3] = [str(result.written), str(result.unchanged)]
+                done.append(gen.out_dir.as_posix())
+        except KeyboardInterrupt:
+            # A package is swapped in whole: each one is either as it was or wholly new.
+            raise Interrupted(f"interrupted; written: {', '.join(done) or 'none'}; every other "
+                              "package is as it was") from None
         table = Table("spec", "written", "unchanged", "kernels compiled", "compile s", box=None)
         for row in rows.values():
             table.add_row(*row)
@@ -203,7 +249,9 @@ class CompileFailure:
 
 def _compile(generated: list[Generated], rows: dict[str, list[str]],
              jobs: Optional[int]) -> list[CompileFailure]:
-    with tempfile.TemporaryDirectory(prefix="opgen-compile-") as scratch:
+    from opgen.compile import scratch_dir
+
+    with scratch_dir() as scratch:
         work = []
         for gen in generated:
             kernels = Path(scratch) / gen.name / "kernels.py"
@@ -241,40 +289,35 @@ def _compile_with_progress(work, jobs: Optional[int]):
 
 
 @app.command()
-def check(specs: list[Path] = typer.Argument(None, help="Spec files (default: specs/*.toml).")) -> None:
-    """Exit 1 when generated/ is out of step with specs/ (stale, hand-edited, missing, extra)."""
-    from opgen.output import diff
+def check(
+    specs: list[Path] = typer.Argument(None, help="Spec files (default: specs/*.toml)."),
+    require_compiled: bool = typer.Option(
+        False, "--require-compiled",
+        help="Also fail when a package was built with --no-compile (its kernels never compiled).",
+    ),
+) -> None:
+    """Exit 1 when generated/ is out of step with specs/ (stale, hand-edited, missing, extra,
+    corrupt manifest, leftovers of an interrupted build)."""
+    from opgen.output import diff, project_drifts
 
     with user_errors():
         paths = _spec_paths(specs or [])
         generated = _generate_all(paths)
         problems = []
         for gen in generated:
-            for drift in diff(gen, Path.cwd()):
-                problems.append(f"{drift.path}: {drift.kind}" + _why(drift.kind, gen.spec_path))
+            for drift in diff(gen, Path.cwd(), require_compiled=require_compiled):
+                problems.append(drift.message(gen.spec_path))
                 if drift.diff:
                     problems.append(drift.diff)
         if not specs:
-            # Checking the whole project: a package whose spec is gone is extra too.
+            # Checking the whole project: whatever in generated/ no spec builds is reported too.
             known = {gen.name for gen in generated}
-            for orphan in sorted(Path("generated").glob("*/opgen-manifest.json")):
-                if orphan.parent.name not in known and not orphan.parent.name.startswith("."):
-                    problems.append(f"generated/{orphan.parent.name}/: extra (no spec in specs/ "
-                                    "builds it; delete it or restore its spec)")
+            problems += [drift.message() for drift in project_drifts(Path.cwd(), known)]
         if problems:
             out.print("\n".join(problems), markup=False)
             raise CheckFailed("generated/ is out of step with the specs; run `opgen build` "
                               "(hand edits belong in the spec or in opgen's templates)")
         out.print(f"generated/ matches {len(generated)} spec(s)")
-
-
-def _why(kind: str, spec_path: str) -> str:
-    return {
-        "stale": f" (the spec or opgen changed since the last build of {spec_path})",
-        "hand-edited": " (edited by hand since opgen wrote it)",
-        "missing": " (not on disk)",
-        "extra": " (not generated by the spec)",
-    }[kind]
 
 
 @app.command()
@@ -310,19 +353,19 @@ def _parse_shape(text: str, keys: tuple[str, ...], required: tuple[str, ...]) ->
         key, sep, raw = part.partition("=")
         key = key.strip()
         if not sep or key not in keys:
-            raise OpgenError(f"--shape: expected key=value with keys {', '.join(keys)} (got {part!r})")
+            raise OpgenError(f"--shape: expected key=value with keys {', '.join(keys)} (got {echo(part)})")
         if key == "dtype":
             values[key] = raw.strip()
         elif key == "causal":
             flag = raw.strip().lower()
             if flag not in ("0", "1", "true", "false"):
-                raise OpgenError(f"--shape: causal must be 0, 1, true or false (got {raw!r})")
+                raise OpgenError(f"--shape: causal must be 0, 1, true or false (got {echo(raw)})")
             values[key] = flag in ("1", "true")
         else:
             try:
                 values[key] = int(raw)
             except ValueError:
-                raise OpgenError(f"--shape: {key} must be an integer (got {raw!r})") from None
+                raise OpgenError(f"--shape: {key} must be an integer (got {echo(raw)})") from None
     missing = [k for k in required if k not in values]
     if missing:
         raise OpgenError(f"--shape: missing {', '.join(missing)}")

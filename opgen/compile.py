@@ -3,15 +3,22 @@ for sm_90a, in parallel processes. No GPU needed; nothing is mocked."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import importlib.util
 import os
+import shutil
+import signal
 import sys
+import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from opgen.plan import SM90_SMEM_LIMIT, CompileJob
 
@@ -30,7 +37,11 @@ class CompileResult:
     error: str = ""
 
 
-def _init_worker() -> None:
+def _init_worker(parent: int) -> None:
+    # The parent stops the workers itself on Ctrl-C (at once, see compile_all); a worker that
+    # took the terminal's SIGINT too would print a traceback and linger.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with(parent)
     os.environ["TILELANG_DEFAULT_TARGET"] = TARGET
     import logging
 
@@ -41,6 +52,25 @@ def _init_worker() -> None:
     logging.getLogger("TileLang").setLevel(logging.WARNING)
 
 
+def _die_with(parent: int) -> None:
+    """End this worker when the build that started it ends, even by SIGKILL (no cleanup runs
+    there to stop the pool)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _modules: dict[str, object] = {}
 
 
@@ -90,15 +120,66 @@ def compile_all(
     workers: int | None = None,
     on_done: Callable[[CompileResult], None] | None = None,
 ) -> list[CompileResult]:
-    """Compile (spec, kernels.py path, job) triples in a process pool; results in input order."""
+    """Compile (spec, kernels.py path, job) triples in a process pool; results in input order.
+
+    On KeyboardInterrupt the workers are killed at once (a kernel compile takes seconds to
+    finish) and the interrupt propagates.
+    """
     work = list(work)
     workers = max(1, min(workers or os.cpu_count() or 1, len(work) or 1))
     results: dict[int, CompileResult] = {}
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool:
+    pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                               initargs=(os.getpid(),))
+    try:
         futures = {pool.submit(compile_one, spec, str(path), job): i for i, (spec, path, job) in enumerate(work)}
         for future in as_completed(futures):
             result = future.result()
             results[futures[future]] = result
             if on_done:
                 on_done(result)
+    except BaseException:
+        _kill_workers(pool)
+        raise
+    pool.shutdown(wait=True)
     return [results[i] for i in range(len(work))]
+
+
+def _kill_workers(pool: ProcessPoolExecutor) -> None:
+    processes = list((pool._processes or {}).values())  # no public way to reach them
+    for process in processes:
+        process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.join(timeout=5)
+
+
+SCRATCH_PREFIX = "opgen-compile-"
+
+
+@contextmanager
+def scratch_dir() -> Iterator[Path]:
+    """A temporary directory for the kernels being checked, named after this process so that a
+    later build can remove the one a killed build left behind."""
+    _remove_orphaned_scratch()
+    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_orphaned_scratch() -> None:
+    for path in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
+        pid = path.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

@@ -105,7 +105,7 @@ def cli():
     return invoke
 
 
-def _opgen_command() -> list[str]:
+def opgen_command() -> list[str]:
     """The installed console script (beside this interpreter first: no pyenv shim), or the
     same entry point run by this interpreter."""
     beside = Path(sys.executable).with_name("opgen")
@@ -128,7 +128,7 @@ def run_opgen():
         env = {k: v for k, v in os.environ.items() if k not in {"COLUMNS", "LINES"}}
         env.update(CLI_ENV if wide else {"NO_COLOR": "1"})
         return subprocess.run(
-            [*_opgen_command(), *map(str, args)],
+            [*opgen_command(), *map(str, args)],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,

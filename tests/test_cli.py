@@ -152,6 +152,21 @@ def test_new_out_elsewhere(project, cli):
     assert tree(project) == ["ops/baz.toml"]
 
 
+@pytest.mark.parametrize("out, fragment", [
+    ("README.md/x.toml", "README.md/x.toml: cannot write it: README.md is a file, not a directory"),
+    ("/proc/nope/x.toml", "/proc/nope/x.toml: cannot write it (No such file or directory)"),
+    ("a" * 300 + "/x.toml", "cannot write it (File name too long)"),
+])
+def test_new_out_that_cannot_be_written(project, cli, out, fragment):
+    """An --out path opgen cannot write is one line on stderr, exit 2, no traceback."""
+    (project / "README.md").write_text("readme\n")
+    result = cli("new", "attention", "--out", out)
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert fragment in result.stderr and len(result.stderr.splitlines()) == 1
+    assert tree(project) == ["README.md"]
+
+
 @pytest.mark.parametrize("name", ["My-Op", "my-op", "Foo", "__foo", "../evil", "2x", "a b"])
 def test_new_bad_name(project, cli, name):
     result = cli("new", "attention", "--name", name)
@@ -170,7 +185,7 @@ def test_new_rejects_every_name_the_spec_rejects(project, cli, name):
 def test_new_unknown_scaffold(project, cli):
     result = cli("new", "convolution")
     assert result.exit_code == 2
-    assert "'convolution'" in result.stderr and "attention" in result.stderr
+    assert '"convolution"' in result.stderr and "attention" in result.stderr
     assert tree(project) == []
 
 
@@ -361,7 +376,7 @@ def test_check_bad_spec(foo, cli):
     assert result.exit_code == 2
     assert (
         result.stderr
-        == "specs/foo.toml: dtypes.0: must be one of float16, bfloat16 (got 'float8')\n"
+        == "specs/foo.toml: dtypes.0: must be one of float16, bfloat16 (got \"float8\")\n"
     )
 
 

@@ -4,7 +4,12 @@ CPU. Nothing is mocked. Slow (tens of seconds); deselect with `-m "not compile"`
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import signal
+import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +21,7 @@ from opgen.plan import SM90_SMEM_LIMIT, CompileJob
 from opgen.render import generate
 from opgen.spec import GemmTiling
 
-from conftest import REPO_ROOT, TESTS_DIR
+from conftest import REPO_ROOT, TESTS_DIR, opgen_command
 
 pytestmark = [pytest.mark.compile, pytest.mark.xdist_group("compile")]
 
@@ -64,6 +69,78 @@ def test_build_compiles_every_kernel(tmp_path, run_opgen):
     assert "6/6" in result.stdout, result.stdout
     assert "compile failed" not in result.stderr
     assert (tmp_path / "generated/small/kernels.py").is_file()
+    # The manifest records the check: `check --require-compiled` (CI's) passes.
+    manifest = json.loads((tmp_path / "generated/small/opgen-manifest.json").read_text())
+    assert manifest["compile_checked"] is True
+    assert run_opgen("check", "--require-compiled", cwd=tmp_path).returncode == 0
+
+
+def _start_build(tmp_path: Path):
+    """`opgen build` of an attention spec with many kernels, as a user starts it; returns once
+    its compile workers run, with the build process and those workers."""
+    import psutil
+
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs/small.toml").write_text(SMALL.replace('dtypes = ["float16"]',
+                                                             'dtypes = ["float16", "bfloat16"]'))
+    build = subprocess.Popen([*opgen_command(), "build", "-j", "2", "specs/small.toml"],
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        workers = [c for c in psutil.Process(build.pid).children()
+                   if "spawn_main" in " ".join(c.cmdline())]
+        if len(workers) == 2:
+            time.sleep(3)  # into the kernels: workers import TileLang, then lower and run nvcc
+            return build, workers
+        time.sleep(0.2)
+    build.kill()
+    pytest.fail("the build started no compile workers")
+
+
+def _gone_within(processes, seconds: float) -> list[int]:
+    """The pids of processes still running after `seconds`."""
+    import psutil
+
+    deadline = time.monotonic() + seconds
+    alive = processes
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.1)
+    return [p.pid for p in alive]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_during_the_compile_check_stops_at_once(tmp_path, signum):
+    """Ctrl-C (or SIGTERM) while kernels compile: the build exits 130 within seconds, stops its
+    workers, writes nothing and leaves no scratch directory."""
+    build, workers = _start_build(tmp_path)
+    started = time.monotonic()
+    build.send_signal(signum)
+    _, stderr = build.communicate(timeout=30)
+    assert time.monotonic() - started < 5, "the build took too long to stop"
+    assert build.returncode == 130, stderr
+    assert "interrupted during the compile check; nothing was written" in stderr
+    assert "Traceback" not in stderr
+    assert _gone_within(workers, 5) == []
+    assert not (tmp_path / "generated").exists()
+    assert not list(Path(tempfile.gettempdir()).glob(f"opgen-compile-{build.pid}-*"))
+
+
+def test_sigkill_during_the_compile_check_leaves_nothing_running(tmp_path):
+    """SIGKILL runs no cleanup: the workers end with their parent, and the next compile check
+    removes the scratch directory the killed build left."""
+    from opgen.compile import scratch_dir
+
+    build, workers = _start_build(tmp_path)
+    build.kill()
+    build.wait()
+    assert _gone_within(workers, 5) == []
+    left = list(Path(tempfile.gettempdir()).glob(f"opgen-compile-{build.pid}-*"))
+    assert left, "expected the killed build's scratch directory"
+    with scratch_dir():
+        pass
+    assert not any(path.exists() for path in left)
 
 
 def test_build_that_fails_the_compile_check_writes_nothing(tmp_path, run_opgen):
