@@ -12,7 +12,6 @@ import torch.nn.functional as F
 sys.path.insert(0, os.getcwd())
 OUT = os.environ.get("OUT", ".")
 from generated.attention.autograd import attention  # noqa: E402
-from generated.attention import kernels as akernels  # noqa: E402
 from generated.rmsnorm.autograd import rmsnorm  # noqa: E402
 
 
@@ -55,7 +54,6 @@ report("attention forward_op (custom op, no checks)", lambda: aa.forward_op(q.de
 report("attention run_forward (no dispatcher)", lambda: aa.run_forward(q.detach(), k.detach(), v.detach(), False, None, "bshd"))
 report("attention fwd, inputs without grad", lambda: attention(qd, kd, vd))
 report("sdpa fwd, inputs without grad", lambda: F.scaled_dot_product_attention(qt.detach(), kt.detach(), vt.detach()))
-import inspect  # noqa: E402
 pr = cProfile.Profile()
 pr.enable()
 for _ in range(200):
