@@ -1,4 +1,5 @@
-"""The `opgen` command: new, list, build, check, test, bench."""
+"""opgen: generate differentiable TileLang operators from TOML specs (new, list, build, check,
+explain, test, bench)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from rich.table import Table
 
 from opgen import __version__
 from opgen.errors import CheckFailed, Interrupted, OpgenError, SpecError
-from opgen.families import FAMILIES, family_names
+from opgen.families import FAMILIES, Family, family_names
 from opgen.render import Generated, environment, generate
 from opgen.spec import check_identifier, echo, path_for_display
 
@@ -42,7 +43,6 @@ def _main(
     version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                  help="Print the version and exit."),
 ) -> None:
-    """opgen: generate differentiable TileLang operators from TOML specs."""
     _state["debug"] = debug
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
@@ -103,10 +103,10 @@ def _generate_all(specs: list[Path]) -> list[Generated]:
     return generated
 
 
-def scaffolds() -> dict[str, tuple[str, dict]]:
+def scaffolds() -> dict[str, tuple[Family, dict]]:
     """`opgen new` names -> (family, scaffold data)."""
-    return {name: (family, data) for family in family_names()
-            for name, data in FAMILIES[family].SCAFFOLDS.items()}
+    return {name: (FAMILIES[family], data) for family in family_names()
+            for name, data in FAMILIES[family].scaffolds.items()}
 
 
 @app.command("list")
@@ -114,11 +114,11 @@ def list_families() -> None:
     """List the operator families and the scaffolds `opgen new` writes."""
     table = Table("family", "what it generates", box=None)
     for name in family_names():
-        table.add_row(name, FAMILIES[name].DESCRIPTION)
+        table.add_row(name, FAMILIES[name].description)
     out.print(table)
     table = Table("scaffold (opgen new NAME)", "family", "what it is", box=None)
     for name, (family, data) in sorted(scaffolds().items()):
-        table.add_row(name, family, data["title"])
+        table.add_row(name, family.name, data["title"])
     out.print(table)
 
 
@@ -141,7 +141,7 @@ def new(
             raise OpgenError(f"--name: {exc} (got {echo(name)})") from None
         target = out_path or Path("specs") / f"{name}.toml"
         shown = path_for_display(target)
-        text = environment().get_template(f"new/{family}.toml.jinja").render(name=name, preset=preset)
+        text = environment().get_template(family.scaffold_template).render(name=name, preset=preset)
         try:
             blocked = _not_a_directory(target.parent)
             if blocked:
@@ -325,20 +325,20 @@ def explain(
     spec: Path = typer.Argument(..., help="Spec file."),
     shape: Optional[str] = typer.Option(
         None, "--shape",
-        help="Runtime shape as key=value pairs, e.g. batch=2,heads=32,kv_heads=8,seq_len=4096,"
-             "head_dim=128,causal=1 for attention; rows=8192,channels=4096 for scaled_silu and "
-             "rmsnorm; m=4096,n=4096,k=4096 for matmul (default: the first bench shape).",
+        help="Runtime shape as key=value pairs, e.g. m=4096,n=4096,k=4096 (default: the first "
+             "bench shape). Keys: " + "; ".join(f"{name} {FAMILIES[name].shape_usage}"
+                                               for name in family_names()) + ".",
     ),
 ) -> None:
     """Print the plan: kernels and grids, saved bytes, atomic and split buffers, FLOPs."""
     from opgen.render import load_plan
 
     with user_errors():
-        plan, module = load_plan(spec)
-        values = _parse_shape(shape, module.EXPLAIN_SHAPE_KEYS, module.EXPLAIN_REQUIRED_KEYS) if shape else \
+        plan, family = load_plan(spec)
+        values = _parse_shape(shape, family.shape_keys, family.required_shape_keys) if shape else \
             plan.bench.shapes[0].model_dump() | {"dtype": plan.bench.dtype}
         out.print(f"{plan.source.spec_path}: {plan.family} '{plan.name}'", markup=False)
-        for title, rows in module.explain(plan, values):
+        for title, rows in family.explain(plan, values):
             out.print(f"\n[bold]{title}[/bold]")
             if rows:
                 table = Table(*rows[0], box=None)

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 
 from opgen.plan import SM90_SMEM_LIMIT, CompileJob
 
-# Hopper kernels must be built for sm_90a: plain sm_90 drops wgmma and setmaxnreg (TILELANG.md).
+# Hopper kernels must be built for sm_90a: for plain sm_90, TileLang emits no wgmma or setmaxnreg.
 TARGET = '{"kind": "cuda", "arch": "sm_90a"}'
 
 

@@ -1,4 +1,5 @@
-"""Plan pieces every family uses: kernels, compile jobs, shared-memory budget, header data.
+"""Plan pieces every family uses: the fields every plan has (PlanBase), kernels, gradients and
+their buffers, compile jobs, shared-memory budget, header data, and the tables of `explain`.
 
 A plan holds every derived value the templates print. Templates make no decisions.
 """
@@ -6,8 +7,12 @@ A plan holds every derived value the templates print. Templates make no decision
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
-from opgen.errors import SpecError
+from pydantic import BaseModel
+
+from opgen.errors import OpgenError, SpecError
+from opgen.spec import BenchSection, ReductionKind, Tolerance
 
 # sm_90 (H100/H200): 227 KB of dynamic shared memory per block.
 SM90_SMEM_LIMIT = 227 * 1024
@@ -23,6 +28,15 @@ def custom_op_names(name: str, *phases: str) -> dict[str, str]:
     return {phase: f"{OP_NAMESPACE}::{name}_{phase}" for phase in phases}
 
 
+def ceildiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def whole_kib(nbytes: int) -> int:
+    """nbytes rounded up to whole KiB: TileLang aligns TMA and swizzled shared buffers."""
+    return ceildiv(nbytes, 1024) * 1024
+
+
 @dataclass(frozen=True)
 class KernelPlan:
     """One @tilelang.jit factory in kernels.py."""
@@ -34,6 +48,16 @@ class KernelPlan:
     tiling_name: str  # the constant in kernels.py holding its tiling keyword arguments
     tiling: dict[str, int]
     out_idx: tuple[int, ...] | None  # outputs the kernel allocates and returns
+
+
+def kernel_plan(op: str, key: str, factory: str, phase: str, summary: str, grid: str,
+                tiling: BaseModel | dict[str, int], out_idx: tuple[int, ...] | None = None
+                ) -> KernelPlan:
+    """The kernel of [tiling.<key>]: factory <op>_<factory>, its tiling in <KEY>_TILING."""
+    if isinstance(tiling, BaseModel):
+        tiling = tiling.model_dump()
+    return KernelPlan(f"{op}_{factory}", phase, summary, grid, f"{key.upper()}_TILING", tiling,
+                      out_idx)
 
 
 @dataclass(frozen=True)
@@ -65,32 +89,267 @@ class GradPlan:
 
     grad: str  # dq
     input: str  # q
-    reduction: str  # direct | atomic | split
-    buffer_dtype: str  # float32 for atomic targets, else the input's dtype
-    alloc: str  # torch.zeros (atomic target) | torch.empty (written once per element)
+    reduction: ReductionKind
     note: str = field(default="")
 
+    @property
+    def buffer_dtype(self) -> str:
+        """float32 for reduced gradients (atomic targets, partials), else the input's dtype."""
+        return "input" if self.reduction == "direct" else "float32"
 
-def require_every_gradient_checked(
-    spec_path: str, differentiable: tuple[str, ...], checked: tuple[str, ...]
-) -> None:
-    """Refuse a plan whose generated test would leave a differentiable input unasserted.
+    @property
+    def alloc(self) -> str:
+        """torch.zeros for atomic targets; every other buffer is written once per element."""
+        return "torch.zeros" if self.reduction == "atomic" else "torch.empty"
 
-    Families list the inputs that get a gradient and, separately, the inputs the generated test
-    asserts; a variant that adds one without the other is caught here, at build time.
-    """
-    missing = [name for name in differentiable if name not in checked]
-    if missing:
-        raise SpecError(spec_path, [("grads", (
-            f"the generated test would not check the gradient of {', '.join(missing)}; every "
-            "differentiable input needs its own assertion"
-        ))])
+
+@dataclass(frozen=True, kw_only=True)
+class PlanBase:
+    """The fields every family's plan has; a family's Plan adds its own."""
+
+    family: str
+    name: str
+    ops: dict[str, str]  # phase -> torch.library name of its custom op
+    source: SourceInfo
+    dtypes: tuple[str, ...]
+    torch_dtypes: tuple[str, ...]
+    kernels: dict[str, KernelPlan]
+    grads: tuple[GradPlan, ...]
+    grad_check_order: tuple[tuple[str, str], ...]  # (label, input) in the order tests assert them
+    saved: tuple[str, ...]  # tensors the forward saves for backward
+    recomputed: tuple[str, ...] = ()  # what backward recomputes instead of reading it
+    test_cases: tuple[Any, ...]
+    tolerances: dict[str, Tolerance]
+    bench: BenchSection
+    compile_jobs: tuple[CompileJob, ...]
+
+    def __post_init__(self) -> None:
+        # Families list the inputs that get a gradient and, separately, the inputs the generated
+        # test asserts; a variant that adds one without the other is refused at build time.
+        checked = {i for _, i in self.grad_check_order}
+        missing = [g.input for g in self.grads if g.input not in checked]
+        if missing:
+            raise SpecError(self.source.spec_path, [("grads", (
+                f"the generated test would not check the gradient of {', '.join(missing)}; every "
+                "differentiable input needs its own assertion"
+            ))])
+
+    @property
+    def atomic_grads(self) -> tuple[GradPlan, ...]:
+        return tuple(g for g in self.grads if g.reduction == "atomic")
+
+
+def base_fields(spec: Any, source: SourceInfo, *op_phases: str) -> dict[str, Any]:
+    """The PlanBase fields that come straight from the spec; op_phases name the custom ops
+    (default fwd, bwd)."""
+    return {
+        "family": spec.family,
+        "name": spec.name,
+        "ops": custom_op_names(spec.name, *(op_phases or ("fwd", "bwd"))),
+        "source": source,
+        "dtypes": spec.dtypes,
+        "torch_dtypes": tuple(TORCH_DTYPES[d] for d in spec.dtypes),
+        "tolerances": {d: spec.test.tolerance_for(d) for d in spec.dtypes},
+        "bench": spec.bench,
+    }
 
 
 def format_bytes(n: float) -> str:
     """A byte count for people: 512 B, 1.5 KiB, 64.0 MiB, 2.0 GiB."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB"):
         n /= 1024
-    return str(n)
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} GiB"
+
+
+# --- explain: the plan at one runtime shape, as titled tables ------------------------------------
+
+# (title, rows); the first row is the header.
+Table = tuple[str, list[list[str]]]
+
+
+def refuse_shape(p: PlanBase, dtype: str, problems: list[str]) -> None:
+    """Raise what the generated op's input checks would reject at a --shape: the family's problems
+    and a dtype the package is not built for."""
+    if dtype not in p.dtypes:
+        problems.append(f"dtype must be one of {', '.join(p.dtypes)} (got {dtype!r})")
+    if problems:
+        raise OpgenError("--shape: " + "; ".join(problems))
+
+
+def not_positive(sizes: dict[str, int]) -> list[str]:
+    """One problem naming every size of a shape when any of them is below 1."""
+    if min(sizes.values()) >= 1:
+        return []
+    *rest, last = sizes
+    return [f"{', '.join(rest)} and {last} must be >= 1" if rest else f"{last} must be >= 1"]
+
+
+def kernels_table(kernels: dict[str, KernelPlan], grids: dict[str, tuple[int, ...]],
+                  extra: tuple[str, dict[str, str]] | None = None) -> Table:
+    """Each kernel with its grid at the shape, its tiling, an optional extra column (title,
+    value per kernel) and what it computes."""
+    title, values = extra or ("", {})
+    header = ["factory", "phase", "grid", "tiling", *([title] if extra else []), "computes"]
+    rows = [[k.factory, k.phase, f"{k.grid} = {grids[key]}",
+             ", ".join(f"{n}={v}" for n, v in k.tiling.items()),
+             *([values[key]] if extra else []), k.summary]
+            for key, k in kernels.items()]
+    return "kernels", [header, *rows]
+
+
+def saved_table(p: PlanBase, sizes: dict[str, int], recomputed_how: str = "") -> Table:
+    """What the forward saves and what backward recomputes, with bytes; the total held."""
+    rows = [[name, format_bytes(sizes[name]), "saved"] for name in p.saved]
+    rows += [[name, format_bytes(sizes.get(name, 0)), recomputed_how] for name in p.recomputed]
+    rows.append(["total held between fwd and bwd", format_bytes(sum(sizes[n] for n in p.saved)),
+                 ""])
+    return "saved for backward", [["tensor", "bytes", ""], *rows]
+
+
+def flops_table(fwd: float, fwd_count: str, bwd: float, bwd_count: str) -> Table:
+    return "FLOPs (what the benchmark divides by)", [
+        ["pass", "FLOPs", "count"],
+        ["forward", f"{fwd / 1e12:.3f} TFLOP", fwd_count],
+        ["backward", f"{bwd / 1e12:.3f} TFLOP", bwd_count],
+    ]
+
+
+# --- the saved-aux families (scaled_silu, rmsnorm): y = f(x, w) with one learnable weight w, dx
+# written once, dw reduced over blocks (atomic or split), one auxiliary tensor of the forward saved
+# or recomputed, a memory-bound benchmark in bytes moved.
+
+
+@dataclass(frozen=True)
+class ShapeCase:
+    """A test shape: any x [..., C]."""
+
+    shape: tuple[int, ...]
+
+    @property
+    def id(self) -> str:
+        return "x".join(map(str, self.shape))
+
+
+@dataclass(frozen=True)
+class BytesBenchCase:
+    """A benchmark input x [rows, channels], with the bytes the op moves."""
+
+    rows: int
+    channels: int
+    fwd_bytes: int  # x and w read once, y written once
+    bwd_bytes: int  # dy, x and w read once, dx and dw written once
+
+
+@dataclass(frozen=True, kw_only=True)
+class SavedAuxPlan(PlanBase):
+    weight_dtype: str  # input (x's dtype) | float32
+    weight_dtype_expr: str  # the dtype w must have, as code over x: x.dtype or torch.float32
+    dw_reduction: ReductionKind  # the spec's: the public function's
+    test_reductions: tuple[ReductionKind, ...]  # dw reductions the generated tests run
+    tail_case: ShapeCase  # tail blocks: strided dy, atomics, split, broken grads
+    bench_cases: tuple[BytesBenchCase, ...]
+
+
+def saved_aux_fields(spec: Any, source: SourceInfo, section: Any, aux: str, save: bool,
+                     dx_note: str, dw_note: str, w_numel: Callable[[int], int]) -> dict[str, Any]:
+    """The SavedAuxPlan fields that follow from the spec: PlanBase's, dx and dw (their notes),
+    w's dtype (section.weight_dtype), the aux tensor saved or recomputed, what the tests run, and
+    the benchmark's cases (w_numel: w's elements at a channel count)."""
+    reduction = spec.grads.dw.reduction
+    return {
+        **base_fields(spec, source),
+        "grads": (GradPlan("dx", "x", "direct", dx_note), GradPlan("dw", "w", reduction, dw_note)),
+        # Seed 000: the directly written dx before the reduced dw.
+        "grad_check_order": (("dx", "x"), ("dw", "w")),
+        "dw_reduction": reduction,
+        "test_reductions": reductions_to_test(reduction),
+        "weight_dtype": section.weight_dtype,
+        "weight_dtype_expr": "x.dtype" if section.weight_dtype == "input" else "torch.float32",
+        "saved": ("x", "w", aux) if save else ("x", "w"),
+        "recomputed": () if save else (aux,),
+        "test_cases": tuple(ShapeCase(tuple(s)) for s in spec.test.shapes),
+        "bench_cases": bytes_bench_cases(spec.bench, section.weight_dtype, w_numel),
+    }
+
+
+def reductions_to_test(reduction: ReductionKind) -> tuple[ReductionKind, ...]:
+    """The dw reductions the generated tests run: always split (deterministic, checked bitwise);
+    an atomic spec is also checked against it."""
+    return ("atomic", "split") if reduction == "atomic" else ("split",)
+
+
+def weight_dtype(choice: str, dtype: str) -> str:
+    """The dtype of w next to an x of `dtype`: x's ("input") or float32."""
+    return dtype if choice == "input" else "float32"
+
+
+def weighted_bytes_moved(numel: int, w_numel: int, elem: int, w_elem: int) -> tuple[int, int]:
+    """(fwd, bwd) bytes of an op of x and a weight w, whatever computes it: every input read once
+    and every output written once. fwd: x, w -> y. bwd: dy, x, w -> dx, dw."""
+    w_bytes = w_numel * w_elem
+    return 2 * numel * elem + w_bytes, 3 * numel * elem + 2 * w_bytes
+
+
+def bytes_bench_cases(bench: Any, weight_dtype_choice: str,
+                      w_numel: Callable[[int], int]) -> tuple[BytesBenchCase, ...]:
+    """The benchmark's shapes in its dtype; w_numel: w's elements at a channel count."""
+    elem = DTYPE_BYTES[bench.dtype]
+    w_elem = DTYPE_BYTES[weight_dtype(weight_dtype_choice, bench.dtype)]
+    return tuple(
+        BytesBenchCase(s.rows, s.channels, *weighted_bytes_moved(s.rows * s.channels,
+                                                                 w_numel(s.channels), elem, w_elem))
+        for s in bench.shapes
+    )
+
+
+def saved_aux_jobs(kernels: dict[str, KernelPlan], args: tuple, saves: tuple[bool, ...],
+                   reductions: tuple[str, ...], aux: str, size: str, tag: str
+                   ) -> Iterator[CompileJob]:
+    """fwd(*args, save) and bwd(*args, save, dw reduction): each save choice of the auxiliary
+    tensor, with each reduction."""
+    fwd, bwd = kernels["fwd"], kernels["bwd"]
+    for save in saves:
+        kept = f"{aux}={'save' if save else 'recompute'}"
+        yield CompileJob(fwd.factory, (*args, save), fwd.tiling, f"fwd {size} {kept}{tag}")
+        for reduction in reductions:
+            yield CompileJob(bwd.factory, (*args, save, reduction), bwd.tiling,
+                             f"bwd {size} {kept} dw={reduction}{tag}")
+
+
+def weight_grads_table(p: PlanBase, dx_bytes: int, w_numel: int, adds_per_address: int,
+                       partials: int) -> Table:
+    """dx written once; dw as fp32 atomic adds (adds_per_address into each of its w_numel
+    elements) or as fp32 partials."""
+    rows = []
+    for g in p.grads:
+        if g.reduction == "direct":
+            rows.append([g.grad, g.reduction, "written once (torch.empty)",
+                         format_bytes(dx_bytes), "-", g.note])
+        elif g.reduction == "atomic":
+            rows.append([g.grad, g.reduction, "fp32 atomic target (torch.zeros)",
+                         format_bytes(4 * w_numel),
+                         f"{adds_per_address * w_numel} ({adds_per_address} per address)", g.note])
+        else:
+            rows.append([g.grad, g.reduction, "fp32 partials, summed after (torch.empty)",
+                         format_bytes(4 * partials), "0", g.note])
+    return "gradient reductions", [["grad", "reduction", "buffer", "bytes", "atomics", "why"], *rows]
+
+
+def bytes_moved_table(fwd_bytes: int, bwd_bytes: int, aux: str, aux_bytes: int,
+                      partial_bytes: int) -> Table:
+    """The op's bytes (what the benchmark counts) and the kernels', which also write and read the
+    saved auxiliary tensor and the dw partials."""
+    moved = [
+        ["forward", format_bytes(fwd_bytes), format_bytes(fwd_bytes + aux_bytes),
+         "x, w read; y written" + (f"; the kernel also writes {aux}" if aux_bytes else "")],
+        ["backward", format_bytes(bwd_bytes),
+         format_bytes(bwd_bytes + aux_bytes + 2 * partial_bytes),
+         "dy, x, w read; dx, dw written" + (f"; the kernel also reads {aux}" if aux_bytes else "")
+         + ("; dw partials written, then read by the sum" if partial_bytes else "")],
+    ]
+    return ("bytes moved (the benchmark divides the first column by the time)",
+            [["pass", "op bytes", "kernel bytes", "what"], *moved])

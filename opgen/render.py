@@ -5,16 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import black
 import jinja2
 
 from opgen import __version__
 from opgen.errors import SpecError
-from opgen.families import FAMILIES, family_names
+from opgen.families import FAMILIES, Family, family_names
 from opgen.manifest import MANIFEST, render_manifest
-from opgen.plan import SourceInfo
+from opgen.plan import PlanBase, SourceInfo
 from opgen.spec import echo, read_spec, validate
 
 BLACK_MODE = black.Mode(line_length=100)
@@ -26,7 +25,7 @@ class Generated:
 
     name: str
     spec_path: str
-    plan: Any
+    plan: PlanBase
     files: dict[str, str]
 
     @property
@@ -52,7 +51,7 @@ def environment() -> jinja2.Environment:
     )
 
 
-def load_plan(path: Path) -> Any:
+def load_plan(path: Path) -> tuple[PlanBase, Family]:
     source = read_spec(path)
     family = source.data.get("family")
     if family is None:
@@ -63,16 +62,16 @@ def load_plan(path: Path) -> Any:
         raise SpecError(source.path, [(
             "family", f"must be one of {', '.join(family_names())} (got {echo(family)})",
         )])
-    module = FAMILIES[family]
-    spec = validate(module.Spec, source)
-    return module.plan(spec, SourceInfo(source.path, source.sha256, __version__)), module
+    found = FAMILIES[family]
+    spec = validate(found.spec, source)
+    return found.plan(spec, SourceInfo(source.path, source.sha256, __version__)), found
 
 
 def generate(path: Path, env: jinja2.Environment | None = None) -> Generated:
-    plan, module = load_plan(path)
+    plan, family = load_plan(path)
     env = env or environment()
     files: dict[str, str] = {}
-    for out_name, template in sorted(module.TEMPLATES.items()):
+    for out_name, template in sorted(family.templates.items()):
         text = env.get_template(template).render(plan=plan, header=header(plan.source))
         files[out_name.format(name=plan.name)] = black.format_str(text, mode=BLACK_MODE)
     files[MANIFEST] = manifest(plan.source, files, compile_checked=False)

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Iterable, Literal, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model,
+                      model_validator)
 
 from opgen.errors import SpecError
 
@@ -105,6 +106,22 @@ Stages = Annotated[int, Field(ge=0, le=4)]
 PositiveInt = Annotated[int, Field(ge=1)]
 
 
+def shapes_of(model: type[BaseModel], rows: Iterable[tuple]) -> tuple:
+    """Shape models from tuples in the order of the model's fields (compact defaults)."""
+    return tuple(model(**dict(zip(model.model_fields, row, strict=True))) for row in rows)
+
+
+# Any tensor shape, e.g. x [..., C].
+TensorShape = Annotated[tuple[PositiveInt, ...], Field(min_length=1)]
+
+
+class MatrixShape(StrictModel):
+    """An x of shape [rows, channels]."""
+
+    rows: PositiveInt
+    channels: PositiveInt
+
+
 class Tolerance(StrictModel):
     rtol: Annotated[float, Field(gt=0, le=1)]
     atol: Annotated[float, Field(gt=0, le=1)]
@@ -125,6 +142,37 @@ class TestSection(StrictModel):
 
     def tolerance_for(self, dtype: str) -> Tolerance:
         return self.tolerance.get(dtype, self.default_tolerances[dtype])
+
+
+# How a gradient is reduced into its buffer: written once per element, fp32 atomic adds into a
+# zeroed buffer, or fp32 partials summed afterwards.
+ReductionKind = Literal["direct", "atomic", "split"]
+
+
+class Reduction(StrictModel):
+    """[grads.<grad>] of a gradient whose allowed reductions depend on the variant: each family's
+    rules check them, with the reason."""
+
+    reduction: ReductionKind
+
+
+class DirectGrad(StrictModel):
+    # Each element is written once, by the block that owns it.
+    reduction: Literal["direct"] = "direct"
+
+
+class AtomicOrSplitGrad(StrictModel):
+    # atomic: in-block fp32 sums, then fp32 atomic adds into a zeroed buffer. split: each block
+    # writes its fp32 partials once; they are summed on the host in a fixed order (deterministic,
+    # a little more memory).
+    reduction: Literal["atomic", "split"] = "atomic"
+
+
+class WeightGrads(StrictModel):
+    """[grads] of an op of x and one learnable weight w: dx written once, dw reduced."""
+
+    dx: DirectGrad = DirectGrad()
+    dw: AtomicOrSplitGrad = AtomicOrSplitGrad()
 
 
 class BenchSection(StrictModel):
@@ -165,9 +213,15 @@ def bench_dtype_built(spec) -> Iterable[tuple[str, str]]:
         )
 
 
+SHARED_RULES: tuple[Rule, ...] = (dtypes_listed_once, tested_shapes_listed, bench_shapes_listed,
+                                 bench_dtype_built)
+
+
 class SpecBase(StrictModel):
-    """Keys every family shares. A family's Spec adds its sections (test and bench among them)
-    and extends rules()."""
+    """Keys every family shares; family_spec() adds a family's sections (test and bench among
+    them) and its rules."""
+
+    family_rules: ClassVar[tuple[Rule, ...]] = ()
 
     name: Identifier
     family: str
@@ -176,7 +230,17 @@ class SpecBase(StrictModel):
     @classmethod
     def rules(cls) -> tuple[Rule, ...]:
         """The whole-spec rules, in the order their problems are reported."""
-        return (dtypes_listed_once, tested_shapes_listed, bench_shapes_listed, bench_dtype_built)
+        return SHARED_RULES + cls.family_rules
+
+
+def family_spec(family: str, rules: tuple[Rule, ...], **sections: type[BaseModel]
+                ) -> type[SpecBase]:
+    """A family's spec model: the shared keys, `family = "<family>"` and the family's sections,
+    each defaulting to its model's defaults; its whole-spec rules run after the shared ones."""
+    model = create_model(f"{family}_spec", __base__=SpecBase, family=(Literal[family], ...),
+                         **{key: (section, section()) for key, section in sections.items()})
+    model.family_rules = rules
+    return model
 
 
 @dataclass(frozen=True)
@@ -472,14 +536,32 @@ class RowTiling(StrictModel):
     threads: Threads
 
 
-def merge_defaults(given: Any, defaults: dict[str, BaseModel]) -> Any:
-    """Let a spec override single keys of a phase's tiling; the rest keep the family defaults."""
-    if not isinstance(given, dict):
-        return given
-    merged: dict[str, Any] = {k: v.model_dump() for k, v in defaults.items()}
-    for key, value in given.items():
-        if key in merged and isinstance(value, dict):
-            merged[key] = {**merged[key], **value}
-        else:
-            merged[key] = value
-    return merged
+WARPGROUP_THREADS = 128  # WGMMA: a warpgroup is 4 warps
+
+
+def not_whole_warpgroups(threads: int) -> str | None:
+    """Why a WGMMA kernel cannot run with `threads` threads, if it cannot."""
+    if threads % WARPGROUP_THREADS:
+        return (f"must be a multiple of {WARPGROUP_THREADS} (whole warpgroups for WGMMA) "
+                f"(got {threads})")
+    return None
+
+
+class TilingSection(StrictModel):
+    """[tiling]: a table per phase, each defaulting to the family's tiling of that phase. A spec
+    overrides single keys of a phase; the rest keep the default."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merge_defaults(cls, given: Any) -> Any:
+        if not isinstance(given, dict):
+            return given
+        return {key: {**cls.model_fields[key].default.model_dump(), **value}
+                if key in cls.model_fields and isinstance(value, dict) else value
+                for key, value in given.items()}
+
+
+def tiling_section(name: str, defaults: dict[str, BaseModel]) -> type[TilingSection]:
+    """A family's [tiling] model: one table per phase of `defaults`, of that default's model."""
+    return create_model(name, __base__=TilingSection,
+                        **{phase: (type(tiling), tiling) for phase, tiling in defaults.items()})

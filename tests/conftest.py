@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 import textwrap
 from opgen import __version__
 from opgen.errors import SpecError
+from opgen.families import Family
 from opgen.plan import SourceInfo
 from opgen.render import load_plan
 from opgen.spec import read_spec, validate
@@ -151,9 +152,9 @@ def write_spec(project: Path, text: str, name: str = "x") -> Path:
     return path
 
 
-def plan_from(family, project: Path, text: str):
+def plan_from(family: Family, project: Path, text: str):
     """Validate a spec with a family's model and plan it, as `opgen build` would."""
-    spec = validate(family.Spec, read_spec(write_spec(project, text)))
+    spec = validate(family.spec, read_spec(write_spec(project, text)))
     return family.plan(spec, SourceInfo("specs/x.toml", "0" * 64, __version__))
 
 

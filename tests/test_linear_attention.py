@@ -24,7 +24,7 @@ from opgen.families.linear_attention import (
     tile_width,
 )
 from opgen.plan import SM90_SMEM_LIMIT
-from opgen.render import environment, generate
+from opgen.render import generate
 from opgen.spec import read_spec, validate
 
 MINIMAL = 'name = "x"\nfamily = "linear_attention"\n'
@@ -33,7 +33,7 @@ MINIMAL = 'name = "x"\nfamily = "linear_attention"\n'
 
 
 def plan_of(project: Path, text: str = MINIMAL) -> linear_attention.Plan:
-    return plan_from(linear_attention, project, text)
+    return plan_from(linear_attention.FAMILY, project, text)
 
 
 
@@ -42,16 +42,10 @@ def plan_of(project: Path, text: str = MINIMAL) -> linear_attention.Plan:
 
 
 def test_registered_with_the_family_interface():
-    module = FAMILIES["linear_attention"]
-    assert module is linear_attention
-    for attr in ("DESCRIPTION", "TEMPLATES", "SCAFFOLDS", "EXPLAIN_SHAPE_KEYS",
-                 "EXPLAIN_REQUIRED_KEYS", "Spec", "plan", "explain"):
-        assert hasattr(module, attr), attr
-    env = environment()
-    for template in [*module.TEMPLATES.values(), "new/linear_attention.toml.jinja"]:
-        env.get_template(template)
-    assert set(module.EXPLAIN_REQUIRED_KEYS) <= set(module.EXPLAIN_SHAPE_KEYS)
-    assert set(module.EXPLAIN_REQUIRED_KEYS) <= set(linear_attention.Shape.model_fields)
+    family = FAMILIES["linear_attention"]
+    assert family is linear_attention.FAMILY
+    assert set(family.scaffolds) == {"linear_attention"}
+    assert set(family.required_shape_keys) <= set(linear_attention.Shape.model_fields)
 
 
 def test_minimal_spec_loads_every_default(project):

@@ -37,7 +37,7 @@ BIAS_BF16 = MINIMAL + 'dtypes = ["bfloat16"]\n[matmul]\nbias = true\n'
 
 
 def plan_of(project: Path, text: str = MINIMAL) -> matmul.Plan:
-    return plan_from(matmul, project, text)
+    return plan_from(matmul.FAMILY, project, text)
 
 
 
@@ -46,16 +46,10 @@ def plan_of(project: Path, text: str = MINIMAL) -> matmul.Plan:
 
 
 def test_registered_with_the_family_interface():
-    assert FAMILIES["matmul"] is matmul
-    for attr in ("DESCRIPTION", "TEMPLATES", "SCAFFOLDS", "EXPLAIN_SHAPE_KEYS",
-                 "EXPLAIN_REQUIRED_KEYS", "Spec", "plan", "explain"):
-        assert hasattr(matmul, attr), attr
-    assert set(matmul.SCAFFOLDS) == {"matmul"}
-    assert matmul.EXPLAIN_REQUIRED_KEYS == ("m", "n", "k")
-    env = environment()
-    for template in matmul.TEMPLATES.values():
-        env.get_template(template)
-    env.get_template("new/matmul.toml.jinja")
+    family = FAMILIES["matmul"]
+    assert family is matmul.FAMILY
+    assert set(family.scaffolds) == {"matmul"}
+    assert family.required_shape_keys == ("m", "n", "k")
 
 
 def test_minimal_spec_loads_every_default(project):
@@ -369,7 +363,7 @@ def test_generated_signature_follows_the_bias_switch(project):
 
 
 def test_scaffold_builds_and_is_the_shipped_spec(project):
-    preset = matmul.SCAFFOLDS["matmul"]
+    preset = matmul.FAMILY.scaffolds["matmul"]
     text = environment().get_template("new/matmul.toml.jinja").render(name="matmul", preset=preset)
     assert text == (REPO_ROOT / "specs" / "matmul.toml").read_text()
     spec = validate(Spec, read_spec(write(project, text)))
@@ -404,7 +398,7 @@ def fresh_compiles():
 def test_gemm_kernels_are_wgmma_for_sm90a(project, monkeypatch, fresh_compiles):
     """Lower the fwd, dA and dB GEMMs at the tail shape (TileLang + nvcc, on the CPU) and read the
     PTX: every one must issue wgmma.mma_async for sm_90a. A WGMMA kernel built for plain sm_90, or
-    a tile TileLang cannot give to WGMMA, compiles without them (TILELANG.md): it would run
+    a tile TileLang cannot give to WGMMA, compiles without them: it would run
     mma.sync or, worse, skip the products. Also: the shared memory stays within the estimate, and
     the loads that cannot use TMA (rows of 777 elements are not 16-byte aligned) are guarded."""
     from opgen.output import write as write_package

@@ -18,13 +18,12 @@ from opgen.families import FAMILIES, rmsnorm
 from opgen.families.rmsnorm import (
     DEFAULT_TILING,
     Spec,
-    bytes_moved,
     explain,
     matrix,
     padded,
     shared_bytes,
 )
-from opgen.plan import SM90_SMEM_LIMIT
+from opgen.plan import SM90_SMEM_LIMIT, weighted_bytes_moved
 from opgen.render import environment, generate
 from opgen.spec import DEFAULT_TOLERANCES, read_spec, validate
 
@@ -34,7 +33,7 @@ MINIMAL = 'name = "x"\nfamily = "rmsnorm"\n'
 
 
 def plan_of(project: Path, text: str = MINIMAL) -> rmsnorm.Plan:
-    return plan_from(rmsnorm, project, text)
+    return plan_from(rmsnorm.FAMILY, project, text)
 
 
 
@@ -47,15 +46,9 @@ def fields(project: Path, text: str) -> list[str]:
 
 
 def test_registered_with_the_family_interface():
-    assert FAMILIES["rmsnorm"] is rmsnorm
-    for attr in ("DESCRIPTION", "TEMPLATES", "SCAFFOLDS", "EXPLAIN_SHAPE_KEYS",
-                 "EXPLAIN_REQUIRED_KEYS", "Spec", "plan", "explain"):
-        assert hasattr(rmsnorm, attr), attr
-    assert set(rmsnorm.SCAFFOLDS) == {"rmsnorm"}
-    env = environment()
-    for template in rmsnorm.TEMPLATES.values():
-        env.get_template(template)
-    env.get_template("new/rmsnorm.toml.jinja")
+    family = FAMILIES["rmsnorm"]
+    assert family is rmsnorm.FAMILY
+    assert set(family.scaffolds) == {"rmsnorm"}
 
 
 def test_minimal_spec_loads_every_default(project):
@@ -297,7 +290,7 @@ def test_plan_bench_bytes(project):
     assert (case.rows, case.channels) == (16384, 4096)
     # fwd: x read, y written, w read (bf16); bwd: dy, x read, dx written, w read, dw written.
     assert (case.fwd_bytes, case.bwd_bytes) == (2 * 2 * n + 2 * 4096, 3 * 2 * n + 2 * 2 * 4096)
-    assert bytes_moved(n, 4096, 2, 4) == (4 * n + 4 * 4096, 6 * n + 8 * 4096)
+    assert weighted_bytes_moved(n, 4096, 2, 4) == (4 * n + 4 * 4096, 6 * n + 8 * 4096)
 
 
 def test_explain_tables(project):
@@ -372,7 +365,7 @@ def test_generated_test_runs_split_against_atomic_only_for_an_atomic_spec(projec
 
 def test_scaffold_matches_the_defaults(project):
     """`opgen new rmsnorm` renders the defaults of the models (tiling, tolerances, eps)."""
-    preset = rmsnorm.SCAFFOLDS["rmsnorm"]
+    preset = rmsnorm.FAMILY.scaffolds["rmsnorm"]
     text = environment().get_template("new/rmsnorm.toml.jinja").render(name="x", preset=preset)
     spec = validate(Spec, read_spec(write(project, text)))
     assert same_but_tolerance_tables(spec, validate(Spec, read_spec(write(project, MINIMAL, name="y"))))

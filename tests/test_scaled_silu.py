@@ -25,7 +25,7 @@ CHANNEL = MINIMAL + '[scaled_silu]\nweight = "channel"\n'
 
 
 def plan_of(project: Path, text: str = MINIMAL) -> scaled_silu.Plan:
-    return plan_from(scaled_silu, project, text)
+    return plan_from(scaled_silu.FAMILY, project, text)
 
 
 
@@ -38,15 +38,9 @@ def fields(project: Path, text: str) -> list[str]:
 
 
 def test_registered_with_the_family_interface():
-    assert FAMILIES["scaled_silu"] is scaled_silu
-    for attr in ("DESCRIPTION", "TEMPLATES", "SCAFFOLDS", "EXPLAIN_SHAPE_KEYS", "Spec", "plan",
-                 "explain"):
-        assert hasattr(scaled_silu, attr), attr
-    assert set(scaled_silu.SCAFFOLDS) == {"scaled_silu"}
-    env = environment()
-    for template in scaled_silu.TEMPLATES.values():
-        env.get_template(template)
-    env.get_template("new/scaled_silu.toml.jinja")
+    family = FAMILIES["scaled_silu"]
+    assert family is scaled_silu.FAMILY
+    assert set(family.scaffolds) == {"scaled_silu"}
 
 
 def test_minimal_spec_loads_every_default(project):
@@ -323,7 +317,7 @@ def test_generated_test_runs_split_against_atomic_only_for_an_atomic_spec(projec
 
 def test_scaffold_matches_the_defaults(project):
     """`opgen new scaled_silu` renders the defaults of the models (tiling, tolerances)."""
-    preset = scaled_silu.SCAFFOLDS["scaled_silu"]
+    preset = scaled_silu.FAMILY.scaffolds["scaled_silu"]
     text = environment().get_template("new/scaled_silu.toml.jinja").render(name="x", preset=preset)
     spec = validate(Spec, read_spec(write(project, text)))
     assert same_but_tolerance_tables(spec, validate(Spec, read_spec(write(project, MINIMAL, name="y"))))

@@ -1,15 +1,16 @@
-"""Family registry: each family module exports Spec (its pydantic model), plan(spec, source),
-TEMPLATES (output file -> template) and DESCRIPTION."""
+"""Family registry: each family module declares its FAMILY (opgen.families.contract.Family)."""
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from opgen.families import attention, linear_attention, matmul, rmsnorm, scaled_silu
+from opgen.families.contract import Family
 
-FAMILIES: dict[str, ModuleType] = {"attention": attention, "scaled_silu": scaled_silu,
-                                 "rmsnorm": rmsnorm, "matmul": matmul,
-                                 "linear_attention": linear_attention}
+__all__ = ["FAMILIES", "Family", "family_names"]
+
+FAMILIES: dict[str, Family] = {
+    module.FAMILY.name: module.FAMILY
+    for module in (attention, linear_attention, matmul, rmsnorm, scaled_silu)
+}
 
 
 def family_names() -> list[str]:

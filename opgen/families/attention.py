@@ -11,49 +11,15 @@ import itertools
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, model_validator
+from pydantic import Field, StrictBool
 
-from opgen.errors import OpgenError
-from opgen.plan import (
-    DTYPE_BYTES,
-    SM90_SMEM_LIMIT,
-    TORCH_DTYPES,
-    CompileJob,
-    GradPlan,
-    KernelPlan,
-    SourceInfo,
-    custom_op_names,
-    format_bytes,
-    require_every_gradient_checked,
-)
-from opgen.spec import (
-    BenchSection,
-    Dtype,
-    GemmTiling,
-    PositiveInt,
-    RowTiling,
-    SpecBase,
-    StrictModel,
-    TestSection,
-    Tolerance,
-    echo,
-    merge_defaults,
-)
-
-DESCRIPTION = (
-    "flash attention: MHA, GQA/MQA (dK/dV atomic or split), learnable sinks, sliding window; "
-    "fwd, Delta preprocess, bwd, dQ cast, dsinks"
-)
-
-# Templates per output file; "{name}" is the spec's name.
-TEMPLATES = {
-    "__init__.py": "attention/__init__.py.jinja",
-    "kernels.py": "attention/kernels.py.jinja",
-    "autograd.py": "attention/autograd.py.jinja",
-    "reference.py": "attention/reference.py.jinja",
-    "test_{name}.py": "attention/test_op.py.jinja",
-    "bench_{name}.py": "attention/bench_op.py.jinja",
-}
+from opgen.families.contract import Family
+from opgen.plan import (DTYPE_BYTES, SM90_SMEM_LIMIT, CompileJob, GradPlan, PlanBase, SourceInfo,
+                        Table, base_fields, ceildiv, flops_table, format_bytes, kernel_plan,
+                        kernels_table, refuse_shape, saved_table, whole_kib)
+from opgen.spec import (BenchSection, Dtype, GemmTiling, PositiveInt, Reduction, ReductionKind,
+                        RowTiling, StrictModel, TestSection, echo, family_spec,
+                        not_whole_warpgroups, tiling_section)
 
 # `opgen new <scaffold>`: the data each commented scaffold is rendered from.
 SCAFFOLDS = {
@@ -97,7 +63,7 @@ DEFAULT_TILING = {
     "bwd": GemmTiling(block_m=128, block_n=32, threads=256, num_stages=2),
     "preprocess": RowTiling(block_m=32, threads=128),
     "postprocess": RowTiling(block_m=64, threads=128),
-    "dsinks": RowTiling(block_m=128, threads=128),
+    "dsinks": RowTiling(block_m=128, threads=128),  # used only with attention.sinks
 }
 
 
@@ -114,11 +80,8 @@ class AttentionSection(StrictModel):
     sliding_window: StrictBool = False
 
 
-class Reduction(StrictModel):
-    # The choices depend on the gradient and the variant: checked in grad_reductions_allowed().
-    reduction: str
-
-
+# The choices of each reduction depend on the gradient and the variant: checked in
+# grad_reductions_allowed().
 class AttentionGrads(StrictModel):
     # dQ gathers one contribution per KV block: fp32 atomics, then a cast (postprocess).
     dq: Reduction = Reduction(reduction="atomic")
@@ -138,17 +101,7 @@ class AttentionSaved(StrictModel):
     lse: Keep = "save"
 
 
-class AttentionTiling(StrictModel):
-    fwd: GemmTiling
-    bwd: GemmTiling
-    preprocess: RowTiling
-    postprocess: RowTiling
-    dsinks: RowTiling  # used only with attention.sinks
-
-    @model_validator(mode="before")
-    @classmethod
-    def _defaults(cls, data: Any) -> Any:
-        return merge_defaults(data, DEFAULT_TILING)
+AttentionTiling = tiling_section("AttentionTiling", DEFAULT_TILING)
 
 
 class AttentionTestShape(StrictModel):
@@ -183,20 +136,6 @@ class AttentionBench(BenchSection):
         AttentionBenchShape(batch=4, heads=16, seq_len=4096, head_dim=128, causal=True),
         AttentionBenchShape(batch=4, heads=16, seq_len=4096, head_dim=64, causal=False),
     )
-
-
-class Spec(SpecBase):
-    family: Literal["attention"]
-    attention: AttentionSection = AttentionSection()
-    grads: AttentionGrads = AttentionGrads()
-    saved: AttentionSaved = AttentionSaved()
-    tiling: AttentionTiling = AttentionTiling.model_validate({})
-    test: AttentionTest = AttentionTest()
-    bench: AttentionBench = AttentionBench()
-
-    @classmethod
-    def rules(cls):
-        return super().rules() + RULES
 
 
 def allowed_reductions(section: AttentionSection) -> dict[str, tuple[str, ...]]:
@@ -338,10 +277,8 @@ def tiles_fit_shared_memory(spec: Spec):
 def tiles_fill_warpgroups(spec: Spec):
     for phase in ("fwd", "bwd"):
         tiling = getattr(spec.tiling, phase)
-        if tiling.threads % 128:
-            yield f"tiling.{phase}.threads", (
-                f"must be a multiple of 128 (whole warpgroups for WGMMA) (got {tiling.threads})"
-            )
+        if threads_problem := not_whole_warpgroups(tiling.threads):
+            yield f"tiling.{phase}.threads", threads_problem
         elif not warpgroup_rows_fit(tiling):
             groups = tiling.threads // 128
             yield f"tiling.{phase}", (
@@ -363,6 +300,12 @@ RULES = (
     bench_head_dims_built,
     tiles_fit_shared_memory,
     tiles_fill_warpgroups,
+)
+
+
+Spec = family_spec(
+    "attention", RULES, attention=AttentionSection, grads=AttentionGrads, saved=AttentionSaved,
+    tiling=AttentionTiling, test=AttentionTest, bench=AttentionBench,
 )
 
 
@@ -388,15 +331,11 @@ def smem_bytes(phase: str, tiling: GemmTiling, dim: int) -> int:
     stages = max(1, tiling.num_stages)
     m, n = tiling.block_m, tiling.block_n
     if phase == "fwd":
-        return _kib(elem * m * dim) + 2 * _kib(elem * stages * n * dim)
-    loop = (2 * _kib(elem * m * dim) + 2 * _kib(elem * stages * n * dim) + _kib(elem * m * n)
-            + 2 * _kib(4 * stages * n))
-    epilogue = 2 * _kib(elem * m * dim)
+        return whole_kib(elem * m * dim) + 2 * whole_kib(elem * stages * n * dim)
+    loop = (2 * whole_kib(elem * m * dim) + 2 * whole_kib(elem * stages * n * dim)
+            + whole_kib(elem * m * n) + 2 * whole_kib(4 * stages * n))
+    epilogue = 2 * whole_kib(elem * m * dim)
     return max(loop, epilogue)
-
-
-def _kib(nbytes: int) -> int:
-    return -(-nbytes // 1024) * 1024
 
 
 @dataclass(frozen=True)
@@ -419,18 +358,12 @@ class MaskCase:
     window: int | None
 
 
-@dataclass(frozen=True)
-class Plan:
-    family: str
-    name: str
-    ops: dict[str, str]  # phase -> torch.library name of its custom op
-    source: SourceInfo
+@dataclass(frozen=True, kw_only=True)
+class Plan(PlanBase):
     layouts: tuple[str, ...]
     default_layout: str
     layout_dims: dict[str, str]  # layout -> "[batch, seq_len, heads, head_dim]"
     layout_doc: str
-    dtypes: tuple[str, ...]
-    torch_dtypes: tuple[str, ...]
     head_dims: tuple[int, ...]
     causal_default: bool
     gqa: bool
@@ -442,27 +375,15 @@ class Plan:
     apply_args: str  # what the public function passes to check_inputs and apply_op
     grad_returns: str  # what the autograd backward returns: one gradient (or None) per op arg
     call_kwargs: str  # how the generated tests pass causal (and window) and layout
-    grad_check_order: tuple[tuple[str, str], ...]  # (label, input) in the order tests assert them
-    kernels: dict[str, KernelPlan]
-    grads: tuple[GradPlan, ...]
-    dk_reduction: str  # direct | atomic | split; a runtime shape with one group writes directly
-    dv_reduction: str
-    saved: tuple[str, ...]  # tensors passed to ctx.save_for_backward
+    # The spec's dK/dV reductions; a runtime shape with one query head per KV head writes directly.
+    dk_reduction: ReductionKind
+    dv_reduction: ReductionKind
     recompute_forward: bool  # backward reruns the forward kernel for O and/or lse
-    recomputed: tuple[str, ...]
     recompute_targets: tuple[str, ...]  # how backward unpacks the rerun forward's (O, lse)
-    test_cases: tuple[TestCase, ...]
     mask_cases: tuple[MaskCase, ...]
     gqa_case: TestCase | None  # a grouped shape for the atomic-vs-split checks
     atomic_case: TestCase  # the shape of the atomic double-run check (grouped if any)
-    tolerances: dict[str, Tolerance]
-    bench: AttentionBench
-    compile_jobs: tuple[CompileJob, ...]
     smem: dict[str, dict[int, int]]  # phase -> head_dim -> bytes (estimate)
-
-    @property
-    def atomic_grads(self) -> tuple[GradPlan, ...]:
-        return tuple(g for g in self.grads if g.reduction == "atomic")
 
 
 def visible_pairs(seq_len: int, causal: bool, window: int | None) -> int:
@@ -485,8 +406,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     chosen = reductions(spec)
 
     def kernel(key, factory, phase, summary, grid, tiling, out_idx):
-        return KernelPlan(f"{spec.name}_{factory}", phase, summary, grid,
-                          f"{key.upper()}_TILING", tiling.model_dump(), out_idx)
+        return kernel_plan(spec.name, key, factory, phase, summary, grid, tiling, out_idx)
 
     sink_arg = 1 if section.sinks else 0
     kernels = {
@@ -514,16 +434,13 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         "direct": "written once by its KV block",
     }
     grads = [
-        GradPlan("dq", "q", chosen["dq"], "float32", "torch.zeros",
+        GradPlan("dq", "q", chosen["dq"],
                  "fp32 atomics from every KV block, then the postprocess cast"),
     ]
     for grad, inp in (("dk", "k"), ("dv", "v")):
-        reduced = chosen[grad] != "direct"
-        grads.append(GradPlan(grad, inp, chosen[grad], "float32" if reduced else "input",
-                              "torch.zeros" if chosen[grad] == "atomic" else "torch.empty",
-                              notes[chosen[grad]]))
+        grads.append(GradPlan(grad, inp, chosen[grad], notes[chosen[grad]]))
     if section.sinks:
-        grads.append(GradPlan("dsinks", "sinks", chosen["dsinks"], "float32", "torch.empty",
+        grads.append(GradPlan("dsinks", "sinks", chosen["dsinks"],
                               "per-row terms written once, summed over batch and rows on the host"))
 
     tensor_inputs = ("q", "k", "v", "sinks") if section.sinks else ("q", "k", "v")
@@ -551,21 +468,13 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     grad_check_order = (("dV", "v"), ("dK", "k"), ("dQ", "q")) + (
         (("dsinks", "sinks"),) if section.sinks else ()
     )
-    require_every_gradient_checked(
-        source.spec_path, tuple(g.input for g in grads), tuple(i for _, i in grad_check_order)
-    )
 
     return Plan(
-        family="attention",
-        name=spec.name,
-        ops=custom_op_names(spec.name, "fwd", "bwd"),
-        source=source,
+        **base_fields(spec, source),
         layouts=section.layouts,
         default_layout=section.layouts[0],
         layout_dims={layout: LAYOUT_DIMS[layout] for layout in section.layouts},
         layout_doc="; ".join(f"{LAYOUT_DIMS[layout]} for layout {layout!r}" for layout in section.layouts),
-        dtypes=spec.dtypes,
-        torch_dtypes=tuple(TORCH_DTYPES[d] for d in spec.dtypes),
         head_dims=section.head_dims,
         causal_default=section.causal,
         gqa=section.gqa,
@@ -592,8 +501,6 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         mask_cases=tuple(mask_cases),
         gqa_case=gqa_case,
         atomic_case=gqa_case or test_cases[0],
-        tolerances={d: spec.test.tolerance_for(d) for d in spec.dtypes},
-        bench=spec.bench,
         compile_jobs=_compile_jobs(spec, kernels, chosen, test_cases, mask_cases),
         smem={
             phase: {d: smem_bytes(phase, getattr(t, phase), d) for d in section.head_dims}
@@ -637,11 +544,7 @@ def _compile_jobs(spec, kernels, chosen, test_cases, mask_cases) -> tuple[Compil
     return tuple(jobs)
 
 
-EXPLAIN_SHAPE_KEYS = ("batch", "heads", "kv_heads", "seq_len", "head_dim", "causal", "window", "dtype")
-EXPLAIN_REQUIRED_KEYS = ("batch", "heads", "seq_len", "head_dim")
-
-
-def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]:
+def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     """The plan for one runtime shape, as titled tables: kernels and grids, saved tensors and
     their bytes, fp32 atomic targets, split reductions, FLOPs."""
     b, h, s, d = shape["batch"], shape["heads"], shape["seq_len"], shape["head_dim"]
@@ -654,31 +557,24 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]
     elem = DTYPE_BYTES[dtype]
     groups = h // kv
 
-    def ceil(a, m):
-        return -(-a // m)
+    def blocks(key):
+        return ceildiv(s, p.kernels[key].tiling["block_m"])
 
     grids = {
-        "fwd": (ceil(s, p.kernels["fwd"].tiling["block_m"]), h, b),
-        "preprocess": (ceil(s, p.kernels["preprocess"].tiling["block_m"]), h, b),
-        "bwd": (h, ceil(s, p.kernels["bwd"].tiling["block_m"]), b),
-        "postprocess": (ceil(s, p.kernels["postprocess"].tiling["block_m"]), h, b),
-        "dsinks": (ceil(s, p.kernels["dsinks"].tiling["block_m"]) if p.sinks else 0, h, b),
+        "fwd": (blocks("fwd"), h, b),
+        "preprocess": (blocks("preprocess"), h, b),
+        "bwd": (h, blocks("bwd"), b),
+        "postprocess": (blocks("postprocess"), h, b),
+        "dsinks": (blocks("dsinks") if p.sinks else 0, h, b),
     }
-    kernels = [[k.factory, k.phase, f"{k.grid} = {grids[key]}",
-                ", ".join(f"{n}={v}" for n, v in k.tiling.items()), k.summary]
-               for key, k in p.kernels.items()]
     sizes = {"q": b * h * s * d * elem, "k": b * kv * s * d * elem, "v": b * kv * s * d * elem,
              "sinks": h * (4 if p.sinks_dtype_expr == "torch.float32" else elem),
              "o": b * h * s * d * elem, "lse": b * h * s * 4}
-    saved = [[name, format_bytes(sizes[name]), "saved"] for name in p.saved]
-    saved += [[name, format_bytes(sizes[name]), "recomputed in backward (forward kernel rerun)"]
-              for name in p.recomputed]
-    saved.append(["total held between fwd and bwd", format_bytes(sum(sizes[n] for n in p.saved)), ""])
     reductions = []
     for g in p.grads:
         mode = g.reduction if groups > 1 or g.grad in ("dq", "dsinks") else "direct"
         if g.grad == "dq":
-            size = b * h * ceil(s, 8) * 8 * d * 4
+            size = b * h * ceildiv(s, 8) * 8 * d * 4
         elif g.grad == "dsinks":
             size = b * h * s * 4
         else:
@@ -687,16 +583,15 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]
                   "direct": "written once (torch.empty)"}[mode]
         reductions.append([g.grad, mode, buffer, format_bytes(size), g.note])
     fwd = flops_fwd(b, h, s, d, causal, window)
-    flops = [["forward", f"{fwd / 1e12:.3f} TFLOP", "4 * B * H * D * visible (query, key) pairs"],
-             ["backward", f"{2.5 * fwd / 1e12:.3f} TFLOP", "2.5 x forward (5 GEMMs vs 2)"]]
     title = (f"shape: batch={b} heads={h} kv_heads={kv} seq_len={s} head_dim={d} causal={causal} "
              f"window={window} dtype={dtype} (groups={groups})")
     return [
         (title, []),
-        ("kernels", [["factory", "phase", "grid", "tiling", "computes"], *kernels]),
-        ("saved for backward", [["tensor", "bytes", ""], *saved]),
+        kernels_table(p.kernels, grids),
+        saved_table(p, sizes, "recomputed in backward (forward kernel rerun)"),
         ("gradient reductions", [["grad", "reduction", "buffer", "bytes", "why"], *reductions]),
-        ("FLOPs (what the benchmark divides by)", [["pass", "FLOPs", "count"], *flops]),
+        flops_table(fwd, "4 * B * H * D * visible (query, key) pairs",
+                    2.5 * fwd, "2.5 x forward (5 GEMMs vs 2)"),
     ]
 
 
@@ -713,10 +608,21 @@ def _check_shape(p: Plan, b, h, kv, s, d, causal, window, dtype) -> None:
                         + ("" if p.gqa else " and equal it: the spec has no attention.gqa"))
     if d not in p.head_dims:
         problems.append(f"head_dim must be one of {list(p.head_dims)} (got {d})")
-    if dtype not in p.dtypes:
-        problems.append(f"dtype must be one of {', '.join(p.dtypes)} (got {dtype!r})")
     if window is not None and not (p.sliding_window and causal and window >= 1):
         problems.append("window needs attention.sliding_window = true, causal=1 and window >= 1")
-    if problems:
-        raise OpgenError("--shape: " + "; ".join(problems))
+    refuse_shape(p, dtype, problems)
+
+
+FAMILY = Family(
+    name="attention",
+    description=("flash attention: MHA, GQA/MQA (dK/dV atomic or split), learnable sinks, sliding "
+                 "window; fwd, Delta preprocess, bwd, dQ cast, dsinks"),
+    spec=Spec,
+    plan=plan,
+    explain=explain,
+    scaffolds=SCAFFOLDS,
+    template_dir="attention",
+    shape_keys=("batch", "heads", "kv_heads", "seq_len", "head_dim", "causal", "window", "dtype"),
+    required_shape_keys=("batch", "heads", "seq_len", "head_dim"),
+)
 

@@ -27,63 +27,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import model_validator
-
-from opgen.errors import OpgenError
-from opgen.plan import (
-    DTYPE_BYTES,
-    SM90_SMEM_LIMIT,
-    TORCH_DTYPES,
-    CompileJob,
-    GradPlan,
-    KernelPlan,
-    SourceInfo,
-    custom_op_names,
-    format_bytes,
-    require_every_gradient_checked,
-)
-from opgen.spec import (
-    BenchSection,
-    Block,
-    Dtype,
-    PositiveInt,
-    SpecBase,
-    Stages,
-    StrictModel,
-    TestSection,
-    Threads,
-    Tolerance,
-    echo,
-    merge_defaults,
-)
-
-DESCRIPTION = (
-    "causal linear attention without normalisation (bshd): chunked fwd with a running fp32 state; "
-    "one monolithic bwd, dQ/dK/dV fp32 atomics"
-)
-
-# Templates per output file; "{name}" is the spec's name.
-TEMPLATES = {
-    "__init__.py": "linear_attention/__init__.py.jinja",
-    "kernels.py": "linear_attention/kernels.py.jinja",
-    "autograd.py": "linear_attention/autograd.py.jinja",
-    "reference.py": "linear_attention/reference.py.jinja",
-    "test_{name}.py": "linear_attention/test_op.py.jinja",
-    "bench_{name}.py": "linear_attention/bench_op.py.jinja",
-}
+from opgen.families.contract import Family, scaffold
+from opgen.plan import (DTYPE_BYTES, SM90_SMEM_LIMIT, CompileJob, GradPlan, KernelPlan, PlanBase,
+                        SourceInfo, Table, base_fields, ceildiv, flops_table, format_bytes,
+                        kernel_plan, kernels_table, not_positive, refuse_shape, saved_table)
+from opgen.spec import (BenchSection, Block, Dtype, PositiveInt, Reduction, ReductionKind, Stages,
+                        StrictModel, TestSection, Threads, Tolerance, echo, family_spec,
+                        not_whole_warpgroups, shapes_of, tiling_section)
 
 # The forward keeps the whole Dk of q and k in shared memory and a [Dk, block_dv] fp32 state in
 # registers: head dims above this are refused (by the spec's shapes and at run time).
 MAX_HEAD_DIM = 256
 # Tiles are padded to whole MMA steps of 16 (the padding loads as zeros).
 MMA_STEP = 16
-WARPGROUP_THREADS = 128
 
 
 def tile_width(dim: int, block: int) -> int:
     """The width of a head-dim tile: block, or dim rounded up to 16 when that is smaller. The same
     rule is in the generated kernels.py."""
-    return min(block, -(-dim // MMA_STEP) * MMA_STEP)
+    return min(block, ceildiv(dim, MMA_STEP) * MMA_STEP)
 
 
 class FwdTiling(StrictModel):
@@ -131,15 +93,11 @@ SCALES = {"rsqrt_dk": "1 / sqrt(Dk)", "none": "1"}
 
 # `opgen new <scaffold>`: the data each commented scaffold is rendered from.
 SCAFFOLDS = {
-    "linear_attention": {
-        "title": "causal linear attention (no normalisation), chunked fwd, monolithic atomic bwd",
-        "scale": "rsqrt_dk",
-        "shapes": DEFAULT_TEST_SHAPES,
-        "bench_dtype": "bfloat16",
-        "bench": DEFAULT_BENCH_SHAPES,
-        "tiling": {phase: t.model_dump() for phase, t in DEFAULT_TILING.items()},
-        "tolerance": {dtype: t.model_dump() for dtype, t in DEFAULT_TOLERANCES.items()},
-    },
+    "linear_attention": scaffold(
+        "causal linear attention (no normalisation), chunked fwd, monolithic atomic bwd",
+        DEFAULT_TILING, DEFAULT_TOLERANCES, scale="rsqrt_dk", shapes=DEFAULT_TEST_SHAPES,
+        bench_dtype="bfloat16", bench=DEFAULT_BENCH_SHAPES,
+    ),
 }
 
 
@@ -148,10 +106,10 @@ class LinearAttentionSection(StrictModel):
     scale: Literal["rsqrt_dk", "none"] = "rsqrt_dk"
 
 
-class Grad(StrictModel):
-    # Checked in gradients_are_atomic() with the reason: a plain Literal would only list
-    # "atomic".
-    reduction: str = "atomic"
+class Grad(Reduction):
+    # Checked in gradients_are_atomic() with the reason: a Literal of "atomic" alone would not
+    # say why.
+    reduction: ReductionKind = "atomic"
 
 
 class LinearAttentionGrads(StrictModel):
@@ -165,14 +123,7 @@ class Saved(StrictModel):
     states: str = "recompute"
 
 
-class LinearAttentionTiling(StrictModel):
-    fwd: FwdTiling
-    bwd: BwdTiling
-
-    @model_validator(mode="before")
-    @classmethod
-    def _defaults(cls, data: Any) -> Any:
-        return merge_defaults(data, DEFAULT_TILING)
+LinearAttentionTiling = tiling_section("LinearAttentionTiling", DEFAULT_TILING)
 
 
 class Shape(StrictModel):
@@ -193,35 +144,17 @@ class Shape(StrictModel):
         return self.batch, self.seq_len, self.heads, self.dim_k, self.dim_v
 
 
-def _shapes(rows) -> tuple[Shape, ...]:
-    return tuple(Shape(batch=b, seq_len=s, heads=h, dim_k=dk, dim_v=dv) for b, s, h, dk, dv in rows)
-
-
 class LinearAttentionTest(TestSection):
     # Keep a seq_len that is not a multiple of the chunk (the tail chunk is where guard bugs
     # hide), Dv above block_dv (more than one Dv tile: dQ/dK atomics from several blocks) and a
     # head dim that is not a multiple of 16 (padded tiles).
-    shapes: tuple[Shape, ...] = _shapes(DEFAULT_TEST_SHAPES)
+    shapes: tuple[Shape, ...] = shapes_of(Shape, DEFAULT_TEST_SHAPES)
     default_tolerances = DEFAULT_TOLERANCES
 
 
 class LinearAttentionBench(BenchSection):
     dtype: Dtype = "bfloat16"
-    shapes: tuple[Shape, ...] = _shapes(DEFAULT_BENCH_SHAPES)
-
-
-class Spec(SpecBase):
-    family: Literal["linear_attention"]
-    linear_attention: LinearAttentionSection = LinearAttentionSection()
-    grads: LinearAttentionGrads = LinearAttentionGrads()
-    saved: Saved = Saved()
-    tiling: LinearAttentionTiling = LinearAttentionTiling.model_validate({})
-    test: LinearAttentionTest = LinearAttentionTest()
-    bench: LinearAttentionBench = LinearAttentionBench()
-
-    @classmethod
-    def rules(cls):
-        return super().rules() + RULES
+    shapes: tuple[Shape, ...] = shapes_of(Shape, DEFAULT_BENCH_SHAPES)
 
 
 def smem_bytes(phase: str, tiling: dict[str, int], dim_k: int, dim_v: int) -> int:
@@ -259,11 +192,8 @@ def tiles_fit_warpgroups(spec: Spec):
     for phase in ("fwd", "bwd"):
         t = getattr(spec.tiling, phase)
         where = f"tiling.{phase}"
-        if t.threads % WARPGROUP_THREADS:
-            yield f"{where}.threads", (
-                f"must be a multiple of {WARPGROUP_THREADS} (whole warpgroups for WGMMA) "
-                f"(got {t.threads})"
-            )
+        if threads_problem := not_whole_warpgroups(t.threads):
+            yield f"{where}.threads", threads_problem
         if t.chunk < 64:
             yield f"{where}.chunk", (
                 f"must be at least 64: WGMMA computes 64-row slices of the chunk's products "
@@ -317,13 +247,19 @@ RULES = (gradients_are_atomic, states_are_recomputed, tiles_fit_warpgroups,
          tiles_fit_shared_memory, tested_shapes_have_tails, head_dims_within_limit)
 
 
+Spec = family_spec(
+    "linear_attention", RULES, linear_attention=LinearAttentionSection, grads=LinearAttentionGrads,
+    saved=Saved, tiling=LinearAttentionTiling, test=LinearAttentionTest, bench=LinearAttentionBench,
+)
+
+
 def flops(batch: int, seq_len: int, heads: int, dim_k: int, dim_v: int, chunk: int
           ) -> tuple[int, int]:
     """(fwd, bwd) FLOPs of the chunked algorithm (what the kernels compute, causal mask
     included as dense chunk products). Per chunk and head, fwd: Q K^T and the masked scores @ V
     (2 C^2 (Dk + Dv)), Q S and K^T V (4 C Dk Dv). bwd: three times that (dQ loop: dO V^T, @ K,
     dO S^T, V^T K; reverse loop: V dO^T, @ Q, V dS^T, K Q^T, @ dO, K dS, Q^T dO)."""
-    chunks = -(-seq_len // chunk)
+    chunks = ceildiv(seq_len, chunk)
     per_chunk = 2 * chunk * chunk * (dim_k + dim_v) + 4 * chunk * dim_k * dim_v
     fwd = batch * heads * chunks * per_chunk
     return fwd, 3 * fwd
@@ -336,45 +272,29 @@ class BenchCase:
     bwd_flops: int
 
 
-@dataclass(frozen=True)
-class Plan:
-    family: str
-    name: str
-    ops: dict[str, str]  # phase -> torch.library name of its custom op
-    source: SourceInfo
-    dtypes: tuple[str, ...]
-    torch_dtypes: tuple[str, ...]
+@dataclass(frozen=True, kw_only=True)
+class Plan(PlanBase):
     scale: str  # the spec's: rsqrt_dk | none
     scale_expr: str  # the scale as code over dim_k
     max_head_dim: int
-    kernels: dict[str, KernelPlan]
-    grads: tuple[GradPlan, ...]
-    grad_check_order: tuple[tuple[str, str], ...]  # (label, input) in the order tests assert them
-    saved: tuple[str, ...]
-    recomputed: tuple[str, ...]
-    test_cases: tuple[Shape, ...]
     tail_case: Shape  # seq_len not a multiple of the chunk, most Dv tiles: atomics, double run
-    tolerances: dict[str, Tolerance]
-    bench: LinearAttentionBench
     bench_cases: tuple[BenchCase, ...]
     bench_chunk: int  # the chunk the benchmark's PyTorch chunked baseline uses (the fwd's)
-    compile_jobs: tuple[CompileJob, ...]
 
 
 def plan(spec: Spec, source: SourceInfo) -> Plan:
     t = spec.tiling
     kernels = {
-        "fwd": KernelPlan(
-            f"{spec.name}_fwd", "fwd",
+        "fwd": kernel_plan(
+            spec.name, "fwd", "fwd", "fwd",
             "O = scale * (mask(Q K^T) V + Q S) per chunk, S += K^T V (fp32 state, all of Dk, one "
             "Dv tile); O written once",
-            "(ceildiv(dim_v, block_dv), batch * heads)", "FWD_TILING", t.fwd.model_dump(), None),
-        "bwd": KernelPlan(
-            f"{spec.name}_bwd", "bwd",
+            "(ceildiv(dim_v, block_dv), batch * heads)", t.fwd),
+        "bwd": kernel_plan(
+            spec.name, "bwd", "bwd", "bwd",
             "dQ over the chunks forward (state V^T K), then dK and dV in reverse (state Q^T dO), "
             "one Dk x Dv tile a block; fp32 atomic adds into zeroed dQ, dK, dV",
-            "(ceildiv(dim_v, block_dv), ceildiv(dim_k, block_dk), batch * heads)", "BWD_TILING",
-            t.bwd.model_dump(), None),
+            "(ceildiv(dim_v, block_dv), ceildiv(dim_k, block_dk), batch * heads)", t.bwd),
     }
     notes = {
         "dq": "summed over the Dv tiles: one fp32 atomic add per Dv tile and element into a "
@@ -382,36 +302,24 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         "dk": "summed over the Dv tiles: one fp32 atomic add per Dv tile and element, cast after",
         "dv": "summed over the Dk tiles: one fp32 atomic add per Dk tile and element, cast after",
     }
-    grads = tuple(GradPlan(g, g[1], "atomic", "float32", "torch.zeros", notes[g])
-                  for g in ("dq", "dk", "dv"))
-    # Seed 000: the forward first, then dV and dK before the most atomic-prone dQ.
-    grad_check_order = (("dV", "v"), ("dK", "k"), ("dQ", "q"))
-    require_every_gradient_checked(
-        source.spec_path, tuple(g.input for g in grads), tuple(i for _, i in grad_check_order)
-    )
+    grads = tuple(GradPlan(g, g[1], "atomic", notes[g]) for g in ("dq", "dk", "dv"))
     test_cases = spec.test.shapes
     tail_case = max(test_cases, key=lambda s: (
         s.seq_len % t.fwd.chunk != 0 or s.seq_len % t.bwd.chunk != 0,
-        -(-s.dim_v // t.bwd.block_dv) + -(-s.dim_k // t.bwd.block_dk)))
+        ceildiv(s.dim_v, t.bwd.block_dv) + ceildiv(s.dim_k, t.bwd.block_dk)))
     return Plan(
-        family="linear_attention",
-        name=spec.name,
-        ops=custom_op_names(spec.name, "fwd", "bwd"),
-        source=source,
-        dtypes=spec.dtypes,
-        torch_dtypes=tuple(TORCH_DTYPES[d] for d in spec.dtypes),
+        **base_fields(spec, source),
         scale=spec.linear_attention.scale,
         scale_expr="dim_k ** -0.5" if spec.linear_attention.scale == "rsqrt_dk" else "1.0",
         max_head_dim=MAX_HEAD_DIM,
         kernels=kernels,
         grads=grads,
-        grad_check_order=grad_check_order,
+        # Seed 000: the forward first, then dV and dK before the most atomic-prone dQ.
+        grad_check_order=(("dV", "v"), ("dK", "k"), ("dQ", "q")),
         saved=("q", "k", "v"),
         recomputed=("the running states S = K^T V (dQ loop) and dS = Q^T dO (dK/dV loop)",),
         test_cases=test_cases,
         tail_case=tail_case,
-        tolerances={d: spec.test.tolerance_for(d) for d in spec.dtypes},
-        bench=spec.bench,
         bench_cases=tuple(BenchCase(s, *flops(*s.args, t.fwd.chunk)) for s in spec.bench.shapes),
         bench_chunk=t.fwd.chunk,
         compile_jobs=_compile_jobs(spec, kernels),
@@ -442,34 +350,20 @@ def _compile_jobs(spec: Spec, kernels: dict[str, KernelPlan]) -> tuple[CompileJo
     return tuple(jobs)
 
 
-EXPLAIN_SHAPE_KEYS = ("batch", "seq_len", "heads", "dim_k", "dim_v", "dtype")
-EXPLAIN_REQUIRED_KEYS = ("batch", "seq_len", "heads", "dim_k", "dim_v")
-
-
-def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]:
+def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     """The plan for one runtime shape, as titled tables: kernels, grids and shared memory, saved
     tensors and their bytes, the atomic gradient buffers, FLOPs."""
-    b, s, h, dk, dv = (shape[k] for k in EXPLAIN_REQUIRED_KEYS)
+    b, s, h, dk, dv = shape["batch"], shape["seq_len"], shape["heads"], shape["dim_k"], shape["dim_v"]
     dtype = shape.get("dtype", p.dtypes[0])
     _check_shape(p, b, s, h, dk, dv, dtype)
     elem = DTYPE_BYTES[dtype]
-
-    def ceil(a, c):
-        return -(-a // c)
-
     fwd_t, bwd_t = p.kernels["fwd"].tiling, p.kernels["bwd"].tiling
-    k_tiles = ceil(dk, tile_width(dk, bwd_t["block_dk"]))
-    v_tiles = ceil(dv, tile_width(dv, bwd_t["block_dv"]))
-    grids = {"fwd": (ceil(dv, tile_width(dv, fwd_t["block_dv"])), b * h),
+    k_tiles = ceildiv(dk, tile_width(dk, bwd_t["block_dk"]))
+    v_tiles = ceildiv(dv, tile_width(dv, bwd_t["block_dv"]))
+    grids = {"fwd": (ceildiv(dv, tile_width(dv, fwd_t["block_dv"])), b * h),
              "bwd": (v_tiles, k_tiles, b * h)}
-    kernels = [[k.factory, k.phase, f"{k.grid} = {grids[key]}",
-                ", ".join(f"{n}={v}" for n, v in k.tiling.items()),
-                format_bytes(smem_bytes(key, k.tiling, dk, dv)), k.summary]
-               for key, k in p.kernels.items()]
+    smem = {key: format_bytes(smem_bytes(key, k.tiling, dk, dv)) for key, k in p.kernels.items()}
     sizes = {"q": b * s * h * dk * elem, "k": b * s * h * dk * elem, "v": b * s * h * dv * elem}
-    saved = [[name, format_bytes(sizes[name]), "saved"] for name in p.saved]
-    saved += [[what, "0 B", "recomputed in backward"] for what in p.recomputed]
-    saved.append(["total held between fwd and bwd", format_bytes(sum(sizes.values())), ""])
     per_element = {"dq": v_tiles, "dk": v_tiles, "dv": k_tiles}
     dims = {"dq": dk, "dk": dk, "dv": dv}
     reductions = [[g.grad, g.reduction, "fp32 atomic target (torch.zeros), .to(dtype) after",
@@ -477,30 +371,36 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]
                    f"{per_element[g.grad] * b * s * h * dims[g.grad]} ({per_element[g.grad]} per "
                    "address)", g.note] for g in p.grads]
     fwd, bwd = flops(b, s, h, dk, dv, fwd_t["chunk"])
-    flop_rows = [["forward", f"{fwd / 1e12:.3f} TFLOP",
-                  "B H ceil(S/C) (2 C^2 (Dk + Dv) + 4 C Dk Dv), C = chunk"],
-                 ["backward", f"{bwd / 1e12:.3f} TFLOP", "3 x forward"]]
     title = (f"shape: batch={b} seq_len={s} heads={h} dim_k={dk} dim_v={dv} dtype={dtype} "
              f"(scale {SCALES[p.scale]})")
     return [
         (title, []),
-        ("kernels", [["factory", "phase", "grid", "tiling", "smem (estimate)", "computes"],
-                     *kernels]),
-        ("saved for backward", [["tensor", "bytes", ""], *saved]),
+        kernels_table(p.kernels, grids, ("smem (estimate)", smem)),
+        saved_table(p, sizes, "recomputed in backward"),
         ("gradient reductions",
          [["grad", "reduction", "buffer", "bytes", "atomics", "why"], *reductions]),
-        ("FLOPs (what the benchmark divides by)", [["pass", "FLOPs", "count"], *flop_rows]),
+        flops_table(fwd, "B H ceil(S/C) (2 C^2 (Dk + Dv) + 4 C Dk Dv), C = chunk",
+                    bwd, "3 x forward"),
     ]
 
 
 def _check_shape(p: Plan, b: int, s: int, h: int, dk: int, dv: int, dtype: str) -> None:
     """What the generated op's input checks would reject, as an explain error."""
-    problems = []
-    if min(b, s, h, dk, dv) < 1:
-        problems.append("batch, seq_len, heads, dim_k and dim_v must be >= 1")
+    problems = not_positive({"batch": b, "seq_len": s, "heads": h, "dim_k": dk, "dim_v": dv})
     if max(dk, dv) > p.max_head_dim:
         problems.append(f"dim_k and dim_v must be at most {p.max_head_dim} (got {dk}, {dv})")
-    if dtype not in p.dtypes:
-        problems.append(f"dtype must be one of {', '.join(p.dtypes)} (got {dtype!r})")
-    if problems:
-        raise OpgenError("--shape: " + "; ".join(problems))
+    refuse_shape(p, dtype, problems)
+
+
+FAMILY = Family(
+    name="linear_attention",
+    description=("causal linear attention without normalisation (bshd): chunked fwd with a running "
+                 "fp32 state; one monolithic bwd, dQ/dK/dV fp32 atomics"),
+    spec=Spec,
+    plan=plan,
+    explain=explain,
+    scaffolds=SCAFFOLDS,
+    template_dir="linear_attention",
+    shape_keys=("batch", "seq_len", "heads", "dim_k", "dim_v", "dtype"),
+    required_shape_keys=("batch", "seq_len", "heads", "dim_k", "dim_v"),
+)

@@ -17,49 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import StrictBool, model_validator
+from pydantic import StrictBool
 
-from opgen.errors import OpgenError
-from opgen.plan import (
-    DTYPE_BYTES,
-    SM90_SMEM_LIMIT,
-    TORCH_DTYPES,
-    CompileJob,
-    GradPlan,
-    KernelPlan,
-    SourceInfo,
-    custom_op_names,
-    format_bytes,
-    require_every_gradient_checked,
-)
-from opgen.spec import (
-    BenchSection,
-    Block,
-    Dtype,
-    PositiveInt,
-    SpecBase,
-    Stages,
-    StrictModel,
-    TestSection,
-    Threads,
-    Tolerance,
-    merge_defaults,
-)
-
-DESCRIPTION = (
-    "matmul C = A @ B (+ bias), fp32 accumulation: fwd GEMM; bwd dA = dC B^T and dB = A^T dC "
-    "(WGMMA on transposed tiles), dbias by split partials"
-)
-
-# Templates per output file; "{name}" is the spec's name.
-TEMPLATES = {
-    "__init__.py": "matmul/__init__.py.jinja",
-    "kernels.py": "matmul/kernels.py.jinja",
-    "autograd.py": "matmul/autograd.py.jinja",
-    "reference.py": "matmul/reference.py.jinja",
-    "test_{name}.py": "matmul/test_op.py.jinja",
-    "bench_{name}.py": "matmul/bench_op.py.jinja",
-}
+from opgen.families.contract import Family, scaffold
+from opgen.plan import (DTYPE_BYTES, SM90_SMEM_LIMIT, CompileJob, GradPlan, PlanBase, SourceInfo,
+                        Table, base_fields, ceildiv, flops_table, format_bytes, kernel_plan,
+                        kernels_table, not_positive, refuse_shape, saved_table, whole_kib)
+from opgen.spec import (BenchSection, Block, DirectGrad, Dtype, PositiveInt, Stages, StrictModel,
+                        TestSection, Threads, Tolerance, family_spec, not_whole_warpgroups,
+                        shapes_of, tiling_section)
 
 # The three GEMM phases: the key of each in [tiling] and the plan, and the axes of the problem
 # that its output rows, output columns and reduction run along.
@@ -68,7 +34,6 @@ GEMM_AXES = {"fwd": ("m", "n", "k"), "da": ("m", "k", "n"), "db": ("k", "n", "m"
 
 # WGMMA: a warpgroup (4 warps) computes 64-row slices; each warp owns a multiple of 16 rows and 8
 # columns of the tile (TileLang's warp partition for T.gemm on Hopper).
-WARPGROUP_THREADS = 128
 WGMMA_MIN_M = 64
 WARP_ROWS, WARP_COLS = 16, 8
 
@@ -121,26 +86,17 @@ DEFAULT_BENCH_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192))
 
 # `opgen new <scaffold>`: the data each commented scaffold is rendered from.
 SCAFFOLDS = {
-    "matmul": {
-        "title": "matrix multiply C = A @ B + bias, fp32 accumulation, fwd and bwd (dA, dB, dbias)",
-        "bias": True,
-        "shapes": DEFAULT_TEST_SHAPES,
-        "bench_dtype": "bfloat16",
-        "bench": DEFAULT_BENCH_SHAPES,
-        "tiling": {phase: t.model_dump() for phase, t in DEFAULT_TILING.items()},
-        "tolerance": {dtype: t.model_dump() for dtype, t in DEFAULT_TOLERANCES.items()},
-    },
+    "matmul": scaffold(
+        "matrix multiply C = A @ B + bias, fp32 accumulation, fwd and bwd (dA, dB, dbias)",
+        DEFAULT_TILING, DEFAULT_TOLERANCES, bias=True, shapes=DEFAULT_TEST_SHAPES,
+        bench_dtype="bfloat16", bench=DEFAULT_BENCH_SHAPES,
+    ),
 }
 
 
 class MatmulSection(StrictModel):
     # true: C = A @ B + bias with bias [N] (A's dtype), a third input with its own gradient.
     bias: StrictBool = False
-
-
-class DirectGrad(StrictModel):
-    # A GEMM: each output tile is computed by one block over the whole reduction, written once.
-    reduction: Literal["direct"] = "direct"
 
 
 class SplitGrad(StrictModel):
@@ -150,21 +106,13 @@ class SplitGrad(StrictModel):
 
 
 class MatmulGrads(StrictModel):
+    # dA, dB: GEMMs; each output tile is computed by one block over the whole reduction.
     da: DirectGrad = DirectGrad()
     db: DirectGrad = DirectGrad()
     dbias: SplitGrad = SplitGrad()
 
 
-class MatmulTiling(StrictModel):
-    fwd: GemmTiling
-    da: GemmTiling
-    db: GemmTiling
-    dbias: ReduceTiling
-
-    @model_validator(mode="before")
-    @classmethod
-    def _defaults(cls, data: Any) -> Any:
-        return merge_defaults(data, DEFAULT_TILING)
+MatmulTiling = tiling_section("MatmulTiling", DEFAULT_TILING)
 
 
 class MatmulShape(StrictModel):
@@ -179,34 +127,17 @@ class MatmulShape(StrictModel):
         return f"m{self.m}-n{self.n}-k{self.k}"
 
 
-def _shapes(triples) -> tuple[MatmulShape, ...]:
-    return tuple(MatmulShape(m=m, n=n, k=k) for m, n, k in triples)
-
-
 class MatmulTest(TestSection):
     # Keep sizes that are not a multiple of any block (tail tiles are where guard bugs hide), a
     # skinny one or two, and a square one (m = n = k: only there do dA and dB have one shape, so
     # the tests can check that swapping them fails).
-    shapes: tuple[MatmulShape, ...] = _shapes(DEFAULT_TEST_SHAPES)
+    shapes: tuple[MatmulShape, ...] = shapes_of(MatmulShape, DEFAULT_TEST_SHAPES)
     default_tolerances = DEFAULT_TOLERANCES
 
 
 class MatmulBench(BenchSection):
     dtype: Dtype = "bfloat16"
-    shapes: tuple[MatmulShape, ...] = _shapes(DEFAULT_BENCH_SHAPES)
-
-
-class Spec(SpecBase):
-    family: Literal["matmul"]
-    matmul: MatmulSection = MatmulSection()
-    grads: MatmulGrads = MatmulGrads()
-    tiling: MatmulTiling = MatmulTiling.model_validate({})
-    test: MatmulTest = MatmulTest()
-    bench: MatmulBench = MatmulBench()
-
-    @classmethod
-    def rules(cls):
-        return super().rules() + RULES
+    shapes: tuple[MatmulShape, ...] = shapes_of(MatmulShape, DEFAULT_BENCH_SHAPES)
 
 
 def wgmma_warps(tiling: GemmTiling) -> tuple[int, int] | None:
@@ -230,12 +161,9 @@ def smem_bytes(tiling: GemmTiling) -> int:
     elem = DTYPE_BYTES["float16"]
     t = tiling
     stages = max(1, t.num_stages)
-    loop = stages * (_kib(elem * t.block_m * t.block_k) + _kib(elem * t.block_k * t.block_n))
-    return max(loop, _kib(elem * t.block_m * t.block_n))
-
-
-def _kib(nbytes: int) -> int:
-    return -(-nbytes // 1024) * 1024
+    loop = stages * (whole_kib(elem * t.block_m * t.block_k)
+                     + whole_kib(elem * t.block_k * t.block_n))
+    return max(loop, whole_kib(elem * t.block_m * t.block_n))
 
 
 def axis_blocks(spec_tiling: MatmulTiling) -> dict[str, int]:
@@ -253,11 +181,8 @@ def gemm_tiles_fit_wgmma(spec: Spec):
     for phase in GEMM_PHASES:
         t = getattr(spec.tiling, phase)
         where = f"tiling.{phase}"
-        if t.threads % WARPGROUP_THREADS:
-            yield f"{where}.threads", (
-                f"must be a multiple of {WARPGROUP_THREADS} (whole warpgroups for WGMMA) "
-                f"(got {t.threads})"
-            )
+        if threads_problem := not_whole_warpgroups(t.threads):
+            yield f"{where}.threads", threads_problem
         elif t.block_m < WGMMA_MIN_M:
             yield f"{where}.block_m", (
                 f"must be at least {WGMMA_MIN_M}: WGMMA computes 64-row slices, and a smaller tile "
@@ -323,6 +248,12 @@ RULES = (gemm_tiles_fit_wgmma, gemm_tiles_fit_shared_memory, dbias_tile_fits_thr
          tested_shapes_have_tails, tested_shapes_include_a_square)
 
 
+Spec = family_spec(
+    "matmul", RULES, matmul=MatmulSection, grads=MatmulGrads, tiling=MatmulTiling, test=MatmulTest,
+    bench=MatmulBench,
+)
+
+
 def tail_count(shape: MatmulShape, blocks: dict[str, int]) -> int:
     """How many of the shape's axes end in a partial tile."""
     return sum(bool(getattr(shape, axis) % block) for axis, block in blocks.items())
@@ -343,30 +274,16 @@ class BenchCase:
     bwd_flops: int
 
 
-@dataclass(frozen=True)
-class Plan:
-    family: str
-    name: str
-    ops: dict[str, str]  # phase -> torch.library name of its custom op
-    source: SourceInfo
-    dtypes: tuple[str, ...]
-    torch_dtypes: tuple[str, ...]
+@dataclass(frozen=True, kw_only=True)
+class Plan(PlanBase):
     bias: bool  # the spec's: whether the public function takes (and differentiates) a bias
     bias_variants: tuple[bool, ...]  # what the generated tests run: with a bias also without
     tensor_inputs: tuple[str, ...]  # a, b (, bias)
     params: str  # the public function's parameters
     apply_args: str  # what the public function passes to check_inputs and apply_op
-    kernels: dict[str, KernelPlan]
-    grads: tuple[GradPlan, ...]
-    grad_check_order: tuple[tuple[str, str], ...]  # (label, input) in the order tests assert them
-    saved: tuple[str, ...]  # tensors the forward saves
-    test_cases: tuple[MatmulShape, ...]
     tail_case: MatmulShape  # the shape with the most tail tiles: strided dC, batched A, ...
     square_case: MatmulShape  # m = n = k: the swapped-gradient check
-    tolerances: dict[str, Tolerance]
-    bench: MatmulBench
     bench_cases: tuple[BenchCase, ...]
-    compile_jobs: tuple[CompileJob, ...]
     smem: dict[str, int]  # GEMM phase -> shared-memory estimate in bytes
 
 
@@ -375,8 +292,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     bias = spec.matmul.bias
 
     def kernel(key, factory, phase, summary, grid, tiling):
-        return KernelPlan(f"{spec.name}_{factory}", phase, summary, grid, f"{key.upper()}_TILING",
-                          tiling.model_dump(), None)
+        return kernel_plan(spec.name, key, factory, phase, summary, grid, tiling)
 
     kernels = {
         "fwd": kernel("fwd", "fwd", "fwd",
@@ -390,9 +306,9 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
                      "(ceildiv(n, block_n), ceildiv(k, block_m))", t.db),
     }
     grads = [
-        GradPlan("da", "a", "direct", "input", "torch.empty",
+        GradPlan("da", "a", "direct",
                  "one block per output tile over the whole N reduction: written once"),
-        GradPlan("db", "b", "direct", "input", "torch.empty",
+        GradPlan("db", "b", "direct",
                  "one block per output tile over the whole M reduction: written once"),
     ]
     grad_check_order = [("dA", "a"), ("dB", "b")]
@@ -400,14 +316,11 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         kernels["dbias"] = kernel("dbias", "bwd_dbias", "bwd_param",
                                   "dbias partials: fp32 column sums of dC, one per block_m rows",
                                   "(ceildiv(n, block_n), ceildiv(m, block_m))", t.dbias)
-        grads.append(GradPlan("dbias", "bias", "split", "float32", "torch.empty",
+        grads.append(GradPlan("dbias", "bias", "split",
                               "one fp32 partial per block of rows, written once, summed on the "
                               "host in a fixed order (deterministic), then cast"))
         grad_check_order.append(("dbias", "bias"))
     tensor_inputs = ("a", "b", "bias") if bias else ("a", "b")
-    require_every_gradient_checked(
-        source.spec_path, tuple(g.input for g in grads), tuple(i for _, i in grad_check_order)
-    )
 
     blocks = axis_blocks(t)
     test_cases = spec.test.shapes
@@ -418,12 +331,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     # backward product is its own op, so the backward launches only the ones autograd asks for.
     op_phases = [k.factory.removeprefix(f"{spec.name}_") for k in kernels.values()]
     return Plan(
-        family="matmul",
-        name=spec.name,
-        ops=custom_op_names(spec.name, *op_phases),
-        source=source,
-        dtypes=spec.dtypes,
-        torch_dtypes=tuple(TORCH_DTYPES[d] for d in spec.dtypes),
+        **base_fields(spec, source, *op_phases),
         bias=bias,
         bias_variants=bias_variants,
         tensor_inputs=tensor_inputs,
@@ -436,8 +344,6 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         test_cases=test_cases,
         tail_case=tail_case,
         square_case=square_case,
-        tolerances={d: spec.test.tolerance_for(d) for d in spec.dtypes},
-        bench=spec.bench,
         bench_cases=tuple(BenchCase(s.m, s.n, s.k, *flops(s.m, s.n, s.k))
                           for s in spec.bench.shapes),
         compile_jobs=_compile_jobs(spec, kernels, tail_case, bias_variants),
@@ -474,59 +380,46 @@ def _compile_jobs(spec, kernels, tail_case, bias_variants) -> tuple[CompileJob, 
     return tuple(jobs)
 
 
-EXPLAIN_SHAPE_KEYS = ("m", "n", "k", "dtype")
-EXPLAIN_REQUIRED_KEYS = ("m", "n", "k")
-
-
-def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]:
+def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     """The plan for one runtime shape (A [m, k] @ B [k, n]), as titled tables: kernels and grids,
     saved tensors and their bytes, the gradient buffers, FLOPs."""
     m, n, k = shape["m"], shape["n"], shape["k"]
     dtype = shape.get("dtype", p.dtypes[0])
-    _check_shape(p, m, n, k, dtype)
+    refuse_shape(p, dtype, not_positive({"m": m, "n": n, "k": k}))
     elem = DTYPE_BYTES[dtype]
-
-    def ceil(a, b):
-        return -(-a // b)
-
-    def grid(key):
-        tiling = p.kernels[key].tiling
-        cols, rows = {"fwd": (n, m), "da": (k, m), "db": (n, k), "dbias": (n, m)}[key]
-        return ceil(cols, tiling["block_n"]), ceil(rows, tiling["block_m"])
-
-    kernels = [[kp.factory, kp.phase, f"{kp.grid} = {grid(key)}",
-                ", ".join(f"{name}={v}" for name, v in kp.tiling.items()),
-                format_bytes(p.smem[key]) if key in p.smem else "-", kp.summary]
-               for key, kp in p.kernels.items()]
+    # (columns, rows) of each kernel's output, tiled by block_n x block_m.
+    outputs = {"fwd": (n, m), "da": (k, m), "db": (n, k), "dbias": (n, m)}
+    grids = {key: (ceildiv(outputs[key][0], kp.tiling["block_n"]),
+                   ceildiv(outputs[key][1], kp.tiling["block_m"]))
+             for key, kp in p.kernels.items()}
+    smem = {key: format_bytes(p.smem[key]) if key in p.smem else "-" for key in p.kernels}
     sizes = {"a": m * k * elem, "b": k * n * elem}
-    saved = [[name, format_bytes(sizes[name]), "saved"] for name in p.saved]
-    saved.append(["total held between fwd and bwd", format_bytes(sum(sizes.values())), ""])
-    row_blocks = ceil(m, p.kernels["dbias"].tiling["block_m"]) if p.bias else 0
+    row_blocks = ceildiv(m, p.kernels["dbias"].tiling["block_m"]) if p.bias else 0
     buffers = {"da": m * k * elem, "db": k * n * elem, "dbias": row_blocks * n * 4}
     what = {"direct": "written once (torch.empty)",
             "split": f"fp32 partials [{row_blocks}, {n}], summed after (torch.empty)"}
     reductions = [[g.grad, g.reduction, what[g.reduction], format_bytes(buffers[g.grad]), g.note]
                   for g in p.grads]
     fwd, bwd = flops(m, n, k)
-    flop_rows = [["forward", f"{fwd / 1e12:.3f} TFLOP", "2 * M * N * K"],
-                 ["backward", f"{bwd / 1e12:.3f} TFLOP", "4 * M * N * K (dA and dB GEMMs)"]]
     title = f"shape: m={m} n={n} k={k} dtype={dtype} (A [{m}, {k}] @ B [{k}, {n}], bias={p.bias})"
     return [
         (title, []),
-        ("kernels", [["factory", "phase", "grid", "tiling", "smem (estimate)", "computes"],
-                     *kernels]),
-        ("saved for backward", [["tensor", "bytes", ""], *saved]),
+        kernels_table(p.kernels, grids, ("smem (estimate)", smem)),
+        saved_table(p, sizes, ""),
         ("gradient reductions", [["grad", "reduction", "buffer", "bytes", "why"], *reductions]),
-        ("FLOPs (what the benchmark divides by)", [["pass", "FLOPs", "count"], *flop_rows]),
+        flops_table(fwd, "2 * M * N * K", bwd, "4 * M * N * K (dA and dB GEMMs)"),
     ]
 
 
-def _check_shape(p: Plan, m: int, n: int, k: int, dtype: str) -> None:
-    """What the generated op's input checks would reject, as an explain error."""
-    problems = []
-    if min(m, n, k) < 1:
-        problems.append("m, n and k must be >= 1")
-    if dtype not in p.dtypes:
-        problems.append(f"dtype must be one of {', '.join(p.dtypes)} (got {dtype!r})")
-    if problems:
-        raise OpgenError("--shape: " + "; ".join(problems))
+FAMILY = Family(
+    name="matmul",
+    description=("matmul C = A @ B (+ bias), fp32 accumulation: fwd GEMM; bwd dA = dC B^T and "
+                 "dB = A^T dC (WGMMA on transposed tiles), dbias by split partials"),
+    spec=Spec,
+    plan=plan,
+    explain=explain,
+    scaffolds=SCAFFOLDS,
+    template_dir="matmul",
+    shape_keys=("m", "n", "k", "dtype"),
+    required_shape_keys=("m", "n", "k"),
+)

@@ -21,49 +21,15 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field
 
-from opgen.errors import OpgenError
-from opgen.plan import (
-    DTYPE_BYTES,
-    SM90_SMEM_LIMIT,
-    TORCH_DTYPES,
-    CompileJob,
-    GradPlan,
-    KernelPlan,
-    SourceInfo,
-    custom_op_names,
-    format_bytes,
-    require_every_gradient_checked,
-)
-from opgen.spec import (
-    BenchSection,
-    Block,
-    DEFAULT_TOLERANCES,
-    Dtype,
-    PositiveInt,
-    SpecBase,
-    StrictModel,
-    TestSection,
-    Threads,
-    Tolerance,
-    merge_defaults,
-)
-
-DESCRIPTION = (
-    "RMSNorm x * rstd * w, w per channel: fwd (rstd saved or recomputed), bwd (dx direct; dw "
-    "atomic or split)"
-)
-
-# Templates per output file; "{name}" is the spec's name.
-TEMPLATES = {
-    "__init__.py": "rmsnorm/__init__.py.jinja",
-    "kernels.py": "rmsnorm/kernels.py.jinja",
-    "autograd.py": "rmsnorm/autograd.py.jinja",
-    "reference.py": "rmsnorm/reference.py.jinja",
-    "test_{name}.py": "rmsnorm/test_op.py.jinja",
-    "bench_{name}.py": "rmsnorm/bench_op.py.jinja",
-}
+from opgen.families.contract import Family, scaffold
+from opgen.plan import (DTYPE_BYTES, SM90_SMEM_LIMIT, CompileJob, SavedAuxPlan, SourceInfo, Table,
+                        bytes_moved_table, ceildiv, format_bytes, kernel_plan, kernels_table,
+                        not_positive, refuse_shape, saved_aux_fields, saved_aux_jobs, saved_table,
+                        weight_dtype, weight_grads_table, weighted_bytes_moved)
+from opgen.spec import (BenchSection, Block, Dtype, MatrixShape, PositiveInt, StrictModel,
+                        TensorShape, TestSection, Threads, WeightGrads, family_spec, tiling_section)
 
 # Each thread keeps its share of a chunk's fp32 row sums (x^2, w * dy * x) in registers until the
 # in-block reduction: at most this many elements of a chunk per thread.
@@ -78,7 +44,6 @@ def _power_of_two_rows(value: int) -> int:
 
 
 Rows = Annotated[int, AfterValidator(_power_of_two_rows)]
-Shape = Annotated[tuple[PositiveInt, ...], Field(min_length=1)]
 
 
 class RowTiling(StrictModel):
@@ -104,19 +69,12 @@ DEFAULT_TEST_SHAPES = ((3, 333, 77), (37, 5000), (4097,), (65, 8192))
 
 # `opgen new <scaffold>`: the data each commented scaffold is rendered from.
 SCAFFOLDS = {
-    "rmsnorm": {
-        "title": "RMSNorm y = x * rstd * w with a learnable per-channel w (seed 003), fwd and bwd",
-        "eps": "1e-6",
-        "weight_dtype": "input",
-        "max_channels": DEFAULT_MAX_CHANNELS,
-        "dw": "atomic",
-        "rstd": "save",
-        "shapes": list(DEFAULT_TEST_SHAPES),
-        "bench_dtype": "bfloat16",
-        "bench": [(16384, 4096)],
-        "tiling": {phase: t.model_dump() for phase, t in DEFAULT_TILING.items()},
-        "tolerance": {dtype: t.model_dump() for dtype, t in DEFAULT_TOLERANCES.items()},
-    },
+    "rmsnorm": scaffold(
+        "RMSNorm y = x * rstd * w with a learnable per-channel w (seed 003), fwd and bwd",
+        DEFAULT_TILING, eps="1e-6", weight_dtype="input", max_channels=DEFAULT_MAX_CHANNELS,
+        dw="atomic", rstd="save", shapes=list(DEFAULT_TEST_SHAPES), bench_dtype="bfloat16",
+        bench=[(16384, 4096)],
+    ),
 }
 
 
@@ -129,70 +87,25 @@ class RmsnormSection(StrictModel):
     max_channels: PositiveInt = DEFAULT_MAX_CHANNELS
 
 
-class DxGrad(StrictModel):
-    # Each element of dx is written once, by the block that owns its row.
-    reduction: Literal["direct"] = "direct"
-
-
-class DwGrad(StrictModel):
-    # atomic: a block sums its rows in fp32, then one fp32 atomic add per channel into a zeroed
-    # buffer. split: each block writes its fp32 partial per channel once; the [row blocks, C]
-    # partials are summed on the host in a fixed order (deterministic, a little more memory).
-    reduction: Literal["atomic", "split"] = "atomic"
-
-
-class RmsnormGrads(StrictModel):
-    dx: DxGrad = DxGrad()
-    dw: DwGrad = DwGrad()
-
-
 class RmsnormSaved(StrictModel):
     # save: the forward writes one fp32 rstd per row for the backward (4 bytes a row). recompute:
     # the backward sums x^2 again from the row it loads anyway (a few FLOPs per element).
     rstd: Literal["save", "recompute"] = "save"
 
 
-class RmsnormTiling(StrictModel):
-    fwd: RowTiling
-    bwd: RowTiling
-
-    @model_validator(mode="before")
-    @classmethod
-    def _defaults(cls, data: Any) -> Any:
-        return merge_defaults(data, DEFAULT_TILING)
+RmsnormTiling = tiling_section("RmsnormTiling", DEFAULT_TILING)
 
 
 class RmsnormTest(TestSection):
     # Any x shapes [..., C]. Keep sizes that are not a multiple of any block (rows and C): tail
     # blocks are where guard bugs hide.
-    shapes: tuple[Shape, ...] = DEFAULT_TEST_SHAPES
-
-
-class RmsnormBenchShape(StrictModel):
-    """One benchmark input: x of shape [rows, channels]."""
-
-    rows: PositiveInt
-    channels: PositiveInt
+    shapes: tuple[TensorShape, ...] = DEFAULT_TEST_SHAPES
 
 
 class RmsnormBench(BenchSection):
     dtype: Dtype = "bfloat16"
     # A Llama-sized activation: 16384 tokens x 4096 channels.
-    shapes: tuple[RmsnormBenchShape, ...] = (RmsnormBenchShape(rows=16384, channels=4096),)
-
-
-class Spec(SpecBase):
-    family: Literal["rmsnorm"]
-    rmsnorm: RmsnormSection = RmsnormSection()
-    grads: RmsnormGrads = RmsnormGrads()
-    saved: RmsnormSaved = RmsnormSaved()
-    tiling: RmsnormTiling = RmsnormTiling.model_validate({})
-    test: RmsnormTest = RmsnormTest()
-    bench: RmsnormBench = RmsnormBench()
-
-    @classmethod
-    def rules(cls):
-        return super().rules() + RULES
+    shapes: tuple[MatrixShape, ...] = (MatrixShape(rows=16384, channels=4096),)
 
 
 def matrix(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -202,7 +115,7 @@ def matrix(shape: tuple[int, ...]) -> tuple[int, int]:
 
 def padded(channels: int, block_channels: int) -> int:
     """C rounded up to whole chunks: the width of a row staged in shared memory."""
-    return -(-channels // block_channels) * block_channels
+    return ceildiv(channels, block_channels) * block_channels
 
 
 def shared_bytes(phase: str, tiling: dict[str, int], channels: int, elem: int) -> int:
@@ -296,6 +209,12 @@ RULES = (chunks_fit_threads, rows_fit_shared_memory, tested_shapes_within_max_ch
          tested_shapes_have_tails, bench_shapes_within_max_channels)
 
 
+Spec = family_spec(
+    "rmsnorm", RULES, rmsnorm=RmsnormSection, grads=WeightGrads, saved=RmsnormSaved,
+    tiling=RmsnormTiling, test=RmsnormTest, bench=RmsnormBench,
+)
+
+
 def _smallest_block_rows(spec: Spec) -> int:
     """The smallest block_rows above 1: a row count not a multiple of it leaves a tail block in
     every phase with more than one row a block (block_rows are powers of two)."""
@@ -313,61 +232,12 @@ def _row_tail(spec: Spec, shape: tuple[int, ...]) -> bool:
     return rows > 1 and matrix(shape)[0] % rows != 0
 
 
-@dataclass(frozen=True)
-class TestCase:
-    shape: tuple[int, ...]
-
-    @property
-    def id(self) -> str:
-        return "x".join(map(str, self.shape))
-
-
-@dataclass(frozen=True)
-class BenchCase:
-    rows: int
-    channels: int
-    fwd_bytes: int  # x and w read once, y written once
-    bwd_bytes: int  # dy, x and w read once, dx and dw written once
-
-
-@dataclass(frozen=True)
-class Plan:
-    family: str
-    name: str
-    ops: dict[str, str]  # phase -> torch.library name of its custom op
-    source: SourceInfo
-    dtypes: tuple[str, ...]
-    torch_dtypes: tuple[str, ...]
+@dataclass(frozen=True, kw_only=True)
+class Plan(SavedAuxPlan):
     eps: float
     eps_literal: str  # eps as Python source
-    weight_dtype: str  # input (x's dtype) | float32
-    weight_dtype_expr: str  # the dtype w must have, as code over x: x.dtype or torch.float32
     max_channels: int
-    kernels: dict[str, KernelPlan]
-    grads: tuple[GradPlan, ...]
-    grad_check_order: tuple[tuple[str, str], ...]  # (label, input) in the order tests assert them
-    dw_reduction: str  # the spec's: the public function's
-    test_reductions: tuple[str, ...]  # dw reductions the generated tests run (atomic also split)
     save_rstd: bool  # the spec's: the public function's
-    saved: tuple[str, ...]  # tensors the forward saves, with the spec's saved.rstd
-    recomputed: tuple[str, ...]
-    test_cases: tuple[TestCase, ...]
-    tail_case: TestCase  # tail rows and channels: strided dy, atomics, split, broken grads
-    tolerances: dict[str, Tolerance]
-    bench: RmsnormBench
-    bench_cases: tuple[BenchCase, ...]
-    compile_jobs: tuple[CompileJob, ...]
-
-    @property
-    def atomic_grads(self) -> tuple[GradPlan, ...]:
-        return tuple(g for g in self.grads if g.reduction == "atomic")
-
-
-def bytes_moved(numel: int, channels: int, elem: int, w_elem: int) -> tuple[int, int]:
-    """(fwd, bwd) bytes of the op itself, whatever computes it: every input read once and every
-    output written once. fwd: x, w -> y. bwd: dy, x, w -> dx, dw."""
-    w_bytes = channels * w_elem
-    return 2 * numel * elem + w_bytes, 3 * numel * elem + 2 * w_bytes
 
 
 def plan(spec: Spec, source: SourceInfo) -> Plan:
@@ -376,9 +246,8 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     save_rstd = spec.saved.rstd == "save"
 
     def kernel(key, summary):
-        t = getattr(spec.tiling, key)
-        return KernelPlan(f"{spec.name}_{key}", key, summary, "(ceildiv(rows, block_rows),)",
-                          f"{key.upper()}_TILING", t.model_dump(), None)
+        return kernel_plan(spec.name, key, key, key, summary, "(ceildiv(rows, block_rows),)",
+                           getattr(spec.tiling, key))
 
     kernels = {
         "fwd": kernel("fwd", "y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), in fp32 (and "
@@ -393,56 +262,21 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         "split": "one fp32 partial per block and channel written once, summed on the host in a "
                  "fixed order (deterministic), then cast",
     }
-    grads = (
-        GradPlan("dx", "x", "direct", "input", "torch.empty", "per row: written once per element"),
-        GradPlan("dw", "w", reduction, "float32",
-                 "torch.zeros" if reduction == "atomic" else "torch.empty", dw_notes[reduction]),
-    )
-    # Seed 000: the directly written dx before the reduced dw.
-    grad_check_order = (("dx", "x"), ("dw", "w"))
-    require_every_gradient_checked(
-        source.spec_path, tuple(g.input for g in grads), tuple(i for _, i in grad_check_order)
-    )
-    # The tests always run split (deterministic, checked bitwise); an atomic spec is also checked
-    # against it.
-    test_reductions = ("atomic", "split") if reduction == "atomic" else ("split",)
-    test_cases = tuple(TestCase(tuple(s)) for s in spec.test.shapes)
+    fields = saved_aux_fields(spec, source, section, "rstd", save_rstd,
+                              "per row: written once per element", dw_notes[reduction],
+                              lambda channels: channels)
     # Prefer a shape with tails in both rows and channels; validation found one with each.
-    tail_case = max(test_cases,
+    tail_case = max(fields["test_cases"],
                     key=lambda c: _row_tail(spec, c.shape) + _column_tail(spec, c.shape))
-
-    w_elem = DTYPE_BYTES[spec.bench.dtype if section.weight_dtype == "input" else "float32"]
-    bench_cases = tuple(
-        BenchCase(s.rows, s.channels, *bytes_moved(s.rows * s.channels, s.channels,
-                                                   DTYPE_BYTES[spec.bench.dtype], w_elem))
-        for s in spec.bench.shapes
-    )
     return Plan(
-        family="rmsnorm",
-        name=spec.name,
-        ops=custom_op_names(spec.name, "fwd", "bwd"),
-        source=source,
-        dtypes=spec.dtypes,
-        torch_dtypes=tuple(TORCH_DTYPES[d] for d in spec.dtypes),
+        **fields,
         eps=section.eps,
         eps_literal=repr(section.eps),
-        weight_dtype=section.weight_dtype,
-        weight_dtype_expr="x.dtype" if section.weight_dtype == "input" else "torch.float32",
         max_channels=section.max_channels,
         kernels=kernels,
-        grads=grads,
-        grad_check_order=grad_check_order,
-        dw_reduction=reduction,
-        test_reductions=test_reductions,
         save_rstd=save_rstd,
-        saved=("x", "w", "rstd") if save_rstd else ("x", "w"),
-        recomputed=() if save_rstd else ("rstd",),
-        test_cases=test_cases,
         tail_case=tail_case,
-        tolerances={d: spec.test.tolerance_for(d) for d in spec.dtypes},
-        bench=spec.bench,
-        bench_cases=bench_cases,
-        compile_jobs=_compile_jobs(spec, kernels, tail_case, test_reductions),
+        compile_jobs=_compile_jobs(spec, kernels, tail_case, fields["test_reductions"]),
     )
 
 
@@ -452,22 +286,12 @@ def _compile_jobs(spec, kernels, tail_case, test_reductions) -> tuple[CompileJob
     then the benchmark's shapes with the spec's choices (the no-tail, vectorised path); then the
     spec's choices at C = max_channels (the most shared memory the op ever asks for)."""
     save_default = spec.saved.rstd == "save"
-    eps = spec.rmsnorm.eps
-
-    def w_dtype(dtype):
-        return dtype if spec.rmsnorm.weight_dtype == "input" else "float32"
+    section = spec.rmsnorm
 
     def jobs_for(rows, cols, dtype, saves, reductions, tag):
-        fwd, bwd = kernels["fwd"], kernels["bwd"]
-        for save in saves:
-            rstd = "save" if save else "recompute"
-            yield CompileJob(fwd.factory, (rows, cols, dtype, w_dtype(dtype), eps, save),
-                             fwd.tiling, f"fwd {dtype} {rows}x{cols} rstd={rstd}{tag}")
-            for reduction in reductions:
-                label = f"bwd {dtype} {rows}x{cols} rstd={rstd} dw={reduction}{tag}"
-                yield CompileJob(bwd.factory,
-                                 (rows, cols, dtype, w_dtype(dtype), eps, save, reduction),
-                                 bwd.tiling, label)
+        args = (rows, cols, dtype, weight_dtype(section.weight_dtype, dtype), section.eps)
+        return saved_aux_jobs(kernels, args, saves, reductions, "rstd", f"{dtype} {rows}x{cols}",
+                              tag)
 
     rows, cols = matrix(tail_case.shape)
     jobs = []
@@ -481,11 +305,7 @@ def _compile_jobs(spec, kernels, tail_case, test_reductions) -> tuple[CompileJob
     return tuple(jobs)
 
 
-EXPLAIN_SHAPE_KEYS = ("rows", "channels", "dtype")
-EXPLAIN_REQUIRED_KEYS = ("rows", "channels")
-
-
-def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]:
+def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     """The plan for one runtime shape (x of [rows, channels]), as titled tables: kernels, grids
     and shared memory, saved tensors and their bytes, the gradient buffers and their atomics,
     bytes moved."""
@@ -493,69 +313,45 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[tuple[str, list[list[str]]]]
     dtype = shape.get("dtype", p.dtypes[0])
     _check_shape(p, rows, channels, dtype)
     elem = DTYPE_BYTES[dtype]
-    w_elem = DTYPE_BYTES[dtype if p.weight_dtype == "input" else "float32"]
+    w_elem = DTYPE_BYTES[weight_dtype(p.weight_dtype, dtype)]
     numel = rows * channels
-
-    def blocks(key):
-        return -(-rows // p.kernels[key].tiling["block_rows"])
-
-    kernels = [[k.factory, k.phase, f"{k.grid} = ({blocks(key)},)",
-                ", ".join(f"{n}={v}" for n, v in k.tiling.items()),
-                format_bytes(shared_bytes(key, k.tiling, channels, elem)), k.summary]
-               for key, k in p.kernels.items()]
+    grids = {key: (ceildiv(rows, k.tiling["block_rows"]),) for key, k in p.kernels.items()}
+    smem = {key: format_bytes(shared_bytes(key, k.tiling, channels, elem))
+            for key, k in p.kernels.items()}
     sizes = {"x": numel * elem, "w": channels * w_elem, "rstd": rows * 4}  # rstd: fp32 per row
-    saved = [[name, format_bytes(sizes[name]), "saved"] for name in p.saved]
-    saved += [[name, format_bytes(sizes[name]), "recomputed in backward from x"]
-              for name in p.recomputed]
-    held = sum(sizes[n] for n in p.saved)
-    saved.append(["total held between fwd and bwd", format_bytes(held), ""])
-
-    row_blocks = blocks("bwd")
-    reductions = []
-    for g in p.grads:
-        if g.grad == "dx":
-            reductions.append([g.grad, g.reduction, "written once (torch.empty)",
-                               format_bytes(numel * elem), "-", g.note])
-        elif g.reduction == "atomic":
-            reductions.append([g.grad, g.reduction, "fp32 atomic target (torch.zeros)",
-                               format_bytes(4 * channels),
-                               f"{row_blocks * channels} ({row_blocks} per address)", g.note])
-        else:
-            reductions.append([g.grad, g.reduction, "fp32 partials, summed after (torch.empty)",
-                               format_bytes(4 * row_blocks * channels), "0", g.note])
-    fwd_bytes, bwd_bytes = bytes_moved(numel, channels, elem, w_elem)
-    rstd = sizes["rstd"] if "rstd" in p.saved else 0
+    row_blocks = grids["bwd"][0]
+    fwd_bytes, bwd_bytes = weighted_bytes_moved(numel, channels, elem, w_elem)
     partials = 0 if p.dw_reduction == "atomic" else 4 * row_blocks * channels
-    moved = [
-        ["forward", format_bytes(fwd_bytes), format_bytes(fwd_bytes + rstd),
-         "x, w read; y written" + ("; the kernel also writes rstd" if rstd else "")],
-        ["backward", format_bytes(bwd_bytes), format_bytes(bwd_bytes + rstd + 2 * partials),
-         "dy, x, w read; dx, dw written" + ("; the kernel also reads rstd" if rstd else "")
-         + ("; dw partials written, then read by the sum" if partials else "")],
-    ]
     title = (f"shape: rows={rows} channels={channels} dtype={dtype} ({numel} elements; "
              f"eps={p.eps_literal}; C at most {p.max_channels})")
     return [
         (title, []),
-        ("kernels",
-         [["factory", "phase", "grid", "tiling", "shared memory", "computes"], *kernels]),
-        ("saved for backward", [["tensor", "bytes", ""], *saved]),
-        ("gradient reductions",
-         [["grad", "reduction", "buffer", "bytes", "atomics", "why"], *reductions]),
-        ("bytes moved (the benchmark divides the first column by the time)",
-         [["pass", "op bytes", "kernel bytes", "what"], *moved]),
+        kernels_table(p.kernels, grids, ("shared memory", smem)),
+        saved_table(p, sizes, "recomputed in backward from x"),
+        weight_grads_table(p, numel * elem, channels, row_blocks, row_blocks * channels),
+        bytes_moved_table(fwd_bytes, bwd_bytes, "rstd", sizes["rstd"] if p.save_rstd else 0,
+                          partials),
     ]
 
 
 def _check_shape(p: Plan, rows: int, channels: int, dtype: str) -> None:
     """What the generated op's input checks would reject, as an explain error."""
-    problems = []
-    if min(rows, channels) < 1:
-        problems.append("rows and channels must be >= 1")
+    problems = not_positive({"rows": rows, "channels": channels})
     if channels > p.max_channels:
         problems.append(f"channels must be at most rmsnorm.max_channels ({p.max_channels}) "
                         f"(got {channels})")
-    if dtype not in p.dtypes:
-        problems.append(f"dtype must be one of {', '.join(p.dtypes)} (got {dtype!r})")
-    if problems:
-        raise OpgenError("--shape: " + "; ".join(problems))
+    refuse_shape(p, dtype, problems)
+
+
+FAMILY = Family(
+    name="rmsnorm",
+    description=("RMSNorm x * rstd * w, w per channel: fwd (rstd saved or recomputed), bwd (dx "
+                 "direct; dw atomic or split)"),
+    spec=Spec,
+    plan=plan,
+    explain=explain,
+    scaffolds=SCAFFOLDS,
+    template_dir="rmsnorm",
+    shape_keys=("rows", "channels", "dtype"),
+    required_shape_keys=("rows", "channels"),
+)
