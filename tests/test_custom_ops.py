@@ -85,6 +85,11 @@ CASES = {
             (3, 5, 40), (40,), BF16, BF16, save, reduction)
         for save in (False, True) for reduction in ("atomic", "split")
     },
+    "swiglu": {
+        f"save{save}": lambda save=save: Case(
+            (tensor((3, 5, 77), F16), tensor((3, 5, 77), F16), save), {"a": 0, "b": 1})
+        for save in (False, True)
+    },
 }
 PARAMS = [
     pytest.param(package, make, id=f"{package}-{case_id}")

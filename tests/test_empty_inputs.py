@@ -107,6 +107,13 @@ EMPTY = {
         }
         for package in ("rmsnorm", "scaled_silu")
     },
+    "swiglu": {
+        f"{'x'.join(map(str, shape))}-save{save}": (
+            lambda device, shape=shape, save=save: Case(
+                {name: torch.randn(shape, device=device).to(F16) for name in ("a", "b")}, (save,)))
+        for shape in ((0, 40), (3, 0, 40), (3, 5, 0))
+        for save in (False, True)
+    },
 }
 PARAMS = [
     pytest.param(package, make, id=f"{package}-{case_id}")

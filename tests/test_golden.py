@@ -31,6 +31,7 @@ SHIPPED = [
 ]
 GOLDEN = SHIPPED + [
     ("tests/specs/attention_recompute.toml", "tests/golden/attention_recompute"),
+    ("tests/specs/swiglu_fused.toml", "tests/golden/swiglu_fused"),
 ]
 assert ("specs/attention.toml", "generated/attention") in GOLDEN
 IDS = [Path(spec).stem for spec, _ in GOLDEN]

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from opgen.families import attention, linear_attention, matmul, rmsnorm, scaled_silu
+from opgen.families import attention, linear_attention, matmul, rmsnorm, scaled_silu, swiglu
 from opgen.families.contract import Family
 
 __all__ = ["FAMILIES", "Family", "family_names"]
 
 FAMILIES: dict[str, Family] = {
     module.FAMILY.name: module.FAMILY
-    for module in (attention, linear_attention, matmul, rmsnorm, scaled_silu)
+    for module in (attention, linear_attention, matmul, rmsnorm, scaled_silu, swiglu)
 }
 
 

@@ -1,0 +1,301 @@
+"""SwiGLU y = silu(a) * b = a * sigmoid(a) * b, the gate of Llama-style MLPs, forward and backward.
+
+Two input forms (spec swiglu.input): "pair" takes a and b, two tensors of one shape [..., C];
+"fused" takes one x of shape [..., 2C] and splits its last dim in halves, a = x[..., :C] (the
+first half, the gate) and b = x[..., C:] (the second). The op is elementwise: the kernels take a,
+b and y as [rows, C] matrices with rows = numel // C. a and b may have strided rows (the last dim
+contiguous): the kernels take each matrix's row stride, so the halves of a fused x, or of any
+wider tensor, are read in place. da = dy * b * s * (1 + a * (1 - s)) and db = dy * silu(a),
+s = sigmoid(a), each element written once; no reductions.
+
+Spec section, validation beyond field types, and plan(): the kernels and their grids, the gradient
+buffers, what the forward saves, the test matrix, the compile jobs and the bytes the benchmark
+divides by.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator
+
+from opgen.families.contract import Family, scaffold
+from opgen.plan import (DTYPE_BYTES, BytesBenchCase, CompileJob, GradPlan, PlanBase, ShapeCase,
+                        SourceInfo, Table, base_fields, ceildiv, format_bytes, kernel_plan,
+                        kernels_table, not_positive, refuse_shape, saved_table)
+from opgen.spec import (BenchSection, Block, DirectGrad, Dtype, MatrixShape, StrictModel,
+                        TensorShape, TestSection, Threads, family_spec, tiling_section)
+
+# Each thread keeps its elements' fp32 values in registers: at most this many per thread.
+MAX_ELEMENTS_PER_THREAD = 64
+
+
+def _row_block(value: int) -> int:
+    if value < 1 or value & (value - 1):
+        raise ValueError("must be a power of two >= 1")
+    return value
+
+
+RowBlock = Annotated[int, AfterValidator(_row_block)]
+
+
+class ElementwiseTiling(StrictModel):
+    """A block of a phase is a [block_rows, block_cols] tile of the [rows, C] matrices."""
+
+    block_rows: RowBlock
+    block_cols: Block
+    threads: Threads
+
+
+# Hopper defaults for a memory-bound op: 256 threads, 8 x 512 tiles (16 elements per thread,
+# vector loads along rows of 1 KiB of 16-bit data).
+DEFAULT_TILING = {
+    "fwd": ElementwiseTiling(block_rows=8, block_cols=512, threads=256),
+    "bwd": ElementwiseTiling(block_rows=8, block_cols=512, threads=256),
+}
+
+DEFAULT_SHAPES = ((3, 333, 77), (4097,), (64, 1024), (9, 1100))
+
+# `opgen new <scaffold>`: the data each commented scaffold is rendered from.
+SCAFFOLDS = {
+    "swiglu": scaffold(
+        "SwiGLU y = silu(a) * b (the gate of Llama-style MLPs), fwd and bwd", DEFAULT_TILING,
+        input="pair", sigmoid="recompute", shapes=list(DEFAULT_SHAPES), bench_dtype="bfloat16",
+        bench=[(8192, 11008), (4096, 14336)],
+    ),
+}
+
+
+class SwigluSection(StrictModel):
+    # "pair": <name>(a, b), a and b of one shape [..., C]. "fused": <name>(x), x of [..., 2C]
+    # split in halves: a = x[..., :C] (first half), b = x[..., C:]; its gradient dx holds da
+    # and db in the same halves.
+    input: Literal["pair", "fused"] = "pair"
+
+
+class SwigluGrads(StrictModel):
+    # Elementwise: each element is written once, by the block that owns it (in the fused form
+    # into the two halves of dx).
+    da: DirectGrad = DirectGrad()
+    db: DirectGrad = DirectGrad()
+
+
+class SwigluSaved(StrictModel):
+    # recompute: the forward saves a and b, the backward recomputes sigmoid(a). save: the forward
+    # also writes sigmoid(a) in fp32 (4 more bytes per element held between forward and backward;
+    # no exp in the backward).
+    sigmoid: Literal["recompute", "save"] = "recompute"
+
+
+SwigluTiling = tiling_section("SwigluTiling", DEFAULT_TILING)
+
+
+class SwigluTest(TestSection):
+    # Shapes of a (and of b; a fused x has the last dim doubled). Keep a last dim and a row count
+    # (numel // last dim) that are not multiples of the blocks: tails are where guard bugs hide.
+    shapes: tuple[TensorShape, ...] = DEFAULT_SHAPES
+
+
+class SwigluBench(BenchSection):
+    dtype: Dtype = "bfloat16"
+    # a and b of [rows, channels]: Llama-7B's (C = 11008) and Llama-3-8B's (C = 14336) MLP widths.
+    shapes: tuple[MatrixShape, ...] = (MatrixShape(rows=8192, channels=11008),
+                                       MatrixShape(rows=4096, channels=14336))
+
+
+def tiles_fit_threads(spec):
+    for phase in ("fwd", "bwd"):
+        t = getattr(spec.tiling, phase)
+        elements = t.block_rows * t.block_cols
+        if elements % t.threads:
+            yield f"tiling.{phase}", (
+                f"block_rows x block_cols ({elements}) must be a multiple of threads "
+                f"({t.threads}): every thread takes the same number of elements"
+            )
+        elif elements > MAX_ELEMENTS_PER_THREAD * t.threads:
+            yield f"tiling.{phase}", (
+                f"block_rows x block_cols ({elements}) must be at most "
+                f"{MAX_ELEMENTS_PER_THREAD} x threads ({MAX_ELEMENTS_PER_THREAD * t.threads}): "
+                "each thread holds its elements in registers"
+            )
+
+
+def tested_shapes_have_tails(spec):
+    shapes = spec.test.shapes
+    if not shapes:
+        return
+    tilings = [getattr(spec.tiling, p) for p in ("fwd", "bwd")]
+    cols = min(t.block_cols for t in tilings)
+    if all(s[-1] % cols == 0 for s in shapes):
+        yield "test.shapes", (
+            f"add a shape whose last dim (C) is not a multiple of {cols} (the smallest "
+            "block_cols), e.g. [3, 333, 77]: tail columns are where guard bugs hide"
+        )
+    row_blocks = [t.block_rows for t in tilings if t.block_rows > 1]
+    if row_blocks and all(matrix(s)[0] % min(row_blocks) == 0 for s in shapes):
+        yield "test.shapes", (
+            f"add a shape whose rows (elements / last dim) are not a multiple of "
+            f"{min(row_blocks)} (the smallest block_rows above 1), e.g. [3, 333, 77]: tail rows "
+            "are where guard bugs hide"
+        )
+
+
+# The swiglu rules, in the order their problems are reported (after the shared ones).
+RULES = (tiles_fit_threads, tested_shapes_have_tails)
+
+
+Spec = family_spec(
+    "swiglu", RULES, swiglu=SwigluSection, grads=SwigluGrads, saved=SwigluSaved,
+    tiling=SwigluTiling, test=SwigluTest, bench=SwigluBench,
+)
+
+
+def matrix(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, C): the [rows, C] view of an a of `shape` that the kernels take."""
+    return math.prod(shape[:-1]), shape[-1]
+
+
+def bytes_moved(numel: int, elem: int) -> tuple[int, int]:
+    """(fwd, bwd) bytes of the op itself, whatever computes it: every input read once and every
+    output written once. fwd: a, b -> y. bwd: dy, a, b -> da, db."""
+    return 3 * numel * elem, 5 * numel * elem
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan(PlanBase):
+    fused: bool  # the spec's swiglu.input == "fused": the public function takes one x [..., 2C]
+    inputs: tuple[str, ...]  # the public function's tensor arguments: (a, b) or (x,)
+    save_sigmoid: bool  # the spec's saved.sigmoid: the public function's
+    tail_case: ShapeCase  # tail blocks in rows and columns: strided inputs, broken grads
+    bench_cases: tuple[BytesBenchCase, ...]
+
+
+def plan(spec: Spec, source: SourceInfo) -> Plan:
+    fused = spec.swiglu.input == "fused"
+    save_sigmoid = spec.saved.sigmoid == "save"
+
+    def kernel(key, summary):
+        return kernel_plan(spec.name, key, key, key, summary,
+                           "(ceildiv(cols, block_cols), ceildiv(rows, block_rows))",
+                           getattr(spec.tiling, key))
+
+    kernels = {
+        "fwd": kernel("fwd", "y = a * sigmoid(a) * b in fp32 (and fp32 sigmoid(a) when saved)"),
+        "bwd": kernel("bwd", "da = dy * b * s * (1 + a * (1 - s)), db = dy * a * s, "
+                             "s = sigmoid(a), in fp32"),
+    }
+    if fused:
+        grads = (GradPlan("dx", "x", "direct",
+                          "elementwise: da into dx[..., :C], db into dx[..., C:], each once"),)
+        grad_check_order = (("dx", "x"),)
+    else:
+        grads = (GradPlan("da", "a", "direct", "elementwise: written once per element"),
+                 GradPlan("db", "b", "direct", "elementwise: written once per element"))
+        # The gate's gradient (through the sigmoid) before the linear one.
+        grad_check_order = (("da", "a"), ("db", "b"))
+    inputs = ("x",) if fused else ("a", "b")
+    test_cases = tuple(ShapeCase(tuple(s)) for s in spec.test.shapes)
+    tail_case = next(c for c in test_cases if _has_tail(spec, c.shape))  # validation found one
+    elem = DTYPE_BYTES[spec.bench.dtype]
+    bench_cases = tuple(BytesBenchCase(s.rows, s.channels, *bytes_moved(s.rows * s.channels, elem))
+                        for s in spec.bench.shapes)
+    return Plan(
+        **base_fields(spec, source),
+        fused=fused,
+        inputs=inputs,
+        save_sigmoid=save_sigmoid,
+        kernels=kernels,
+        grads=grads,
+        grad_check_order=grad_check_order,
+        saved=(*inputs, "sigmoid") if save_sigmoid else inputs,
+        recomputed=() if save_sigmoid else ("sigmoid",),
+        test_cases=test_cases,
+        tail_case=tail_case,
+        bench_cases=bench_cases,
+        compile_jobs=_compile_jobs(spec, kernels, tail_case, fused),
+    )
+
+
+def _has_tail(spec, shape: tuple[int, ...]) -> bool:
+    rows, cols = matrix(shape)
+    return any(rows % t.block_rows or cols % t.block_cols
+               for t in (spec.tiling.fwd, spec.tiling.bwd))
+
+
+def _compile_jobs(spec, kernels, tail_case, fused) -> tuple[CompileJob, ...]:
+    """Every kernel variant the package launches at the tail shape, per dtype and saved.sigmoid:
+    contiguous a and b (pair form), and the halves of a [rows, 2C] tensor (the fused form; in the
+    pair form the tests' strided inputs): a in place with row stride 2C, b copied (its start is
+    not 16-byte aligned at an odd C). Then the benchmark's shapes with the spec's choices."""
+    fwd, bwd = kernels["fwd"], kernels["bwd"]
+
+    def jobs_for(rows, cols, dtype, saves, layouts, tag):
+        for save in saves:
+            sig = "save" if save else "recompute"
+            for (a_stride, b_stride, g_stride), what in layouts:
+                size = f"{dtype} {rows}x{cols} sigmoid={sig} {what}{tag}"
+                yield CompileJob(fwd.factory, (rows, cols, a_stride, b_stride, dtype, save),
+                                 fwd.tiling, f"fwd {size}")
+                yield CompileJob(bwd.factory, (rows, cols, a_stride, b_stride, g_stride,
+                                               g_stride, dtype, save), bwd.tiling, f"bwd {size}")
+
+    rows, cols = matrix(tail_case.shape)
+    halves = ((2 * cols, cols, 2 * cols if fused else cols), "halves of [rows, 2C]")
+    contiguous = ((cols, cols, cols), "contiguous")
+    layouts = (halves,) if fused else (contiguous, halves)
+    jobs = []
+    for dtype in spec.dtypes:
+        jobs += jobs_for(rows, cols, dtype, (False, True), layouts, "")
+    for shape in spec.bench.shapes:
+        c = shape.channels
+        bench_layout = ((2 * c, 2 * c, 2 * c), "fused") if fused else ((c, c, c), "contiguous")
+        jobs += jobs_for(shape.rows, c, spec.bench.dtype, (spec.saved.sigmoid == "save",),
+                         (bench_layout,), " (bench)")
+    return tuple(jobs)
+
+
+def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
+    """The plan for one runtime shape (a and b of [rows, channels]), as titled tables: kernels
+    and grids, saved tensors and their bytes, the gradient buffers, bytes moved."""
+    rows, channels = shape["rows"], shape["channels"]
+    dtype = shape.get("dtype", p.dtypes[0])
+    refuse_shape(p, dtype, not_positive({"rows": rows, "channels": channels}))
+    elem = DTYPE_BYTES[dtype]
+    numel = rows * channels
+    grids = {key: (ceildiv(channels, k.tiling["block_cols"]), ceildiv(rows, k.tiling["block_rows"]))
+             for key, k in p.kernels.items()}
+    sizes = {"a": numel * elem, "b": numel * elem, "x": 2 * numel * elem, "sigmoid": numel * 4}
+    grad_rows = [[g.grad, g.reduction, "written once (torch.empty)",
+                  format_bytes(numel * elem * (2 if p.fused else 1)), g.note] for g in p.grads]
+    fwd_bytes, bwd_bytes = bytes_moved(numel, elem)
+    aux = sizes["sigmoid"] if p.save_sigmoid else 0
+    form = ("x of rows x 2*channels split in halves, a the first" if p.fused
+            else "a and b of rows x channels")
+    return [
+        (f"shape: rows={rows} channels={channels} dtype={dtype} ({form})", []),
+        kernels_table(p.kernels, grids),
+        saved_table(p, sizes, "recomputed in backward from a"),
+        ("gradients", [["grad", "reduction", "buffer", "bytes", "why"], *grad_rows]),
+        ("bytes moved (the benchmark divides the first column by the time)", [
+            ["pass", "op bytes", "kernel bytes", "what"],
+            ["forward", format_bytes(fwd_bytes), format_bytes(fwd_bytes + aux),
+             "a, b read; y written" + ("; the kernel also writes sigmoid(a)" if aux else "")],
+            ["backward", format_bytes(bwd_bytes), format_bytes(bwd_bytes + aux),
+             "dy, a, b read; da, db written" + ("; the kernel also reads sigmoid(a)" if aux else "")],
+        ]),
+    ]
+
+
+FAMILY = Family(
+    name="swiglu",
+    description="SwiGLU silu(a) * b, a and b two tensors or the halves of one: fwd, bwd (da, db)",
+    spec=Spec,
+    plan=plan,
+    explain=explain,
+    scaffolds=SCAFFOLDS,
+    template_dir="swiglu",
+    shape_keys=("rows", "channels", "dtype"),
+    required_shape_keys=("rows", "channels"),
+)
