@@ -24,7 +24,7 @@ EPS = 1e-06
 # rmsnorm.max_channels).
 MAX_CHANNELS = 16384
 # dw reduction (spec grads.dw) and whether the forward saves rstd (spec saved.rstd): what
-# rmsnorm() uses. The Function takes both as arguments, so the tests run every variant.
+# rmsnorm() uses. The custom ops take both as arguments, so the tests run every variant.
 DW_REDUCTION = "atomic"
 SAVE_RSTD = True
 

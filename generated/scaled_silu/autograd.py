@@ -21,7 +21,7 @@ X_DTYPES = [torch.float16, torch.bfloat16]
 # w: a learnable scalar: shape () or (1,) (spec scaled_silu.weight).
 WEIGHT = "scalar"
 # dw reduction (spec grads.dw) and whether the forward saves sigmoid(x) (spec saved.sigmoid): what
-# scaled_silu() uses. The Function takes both as arguments, so the tests run every variant.
+# scaled_silu() uses. The custom ops take both as arguments, so the tests run every variant.
 DW_REDUCTION = "atomic"
 SAVE_SIGMOID = False
 
