@@ -83,6 +83,19 @@ class SourceInfo:
         return self.spec_sha256[:16]
 
 
+# The buffer each reduction writes into, as code: fp32 atomic targets start at zero; direct writes
+# and split partials are written once per element. Generated code prints this table (ALLOC) and
+# explain describes buffers with it.
+BUFFER_ALLOC = {"atomic": "torch.zeros", "direct": "torch.empty", "split": "torch.empty"}
+BUFFER_KIND = {"atomic": "fp32 atomic target", "direct": "written once",
+               "split": "fp32 partials, summed after"}
+
+
+def buffer_description(reduction: str) -> str:
+    """How explain names a reduction's buffer: "fp32 atomic target (torch.zeros)"."""
+    return f"{BUFFER_KIND[reduction]} ({BUFFER_ALLOC[reduction]})"
+
+
 @dataclass(frozen=True)
 class GradPlan:
     """How one gradient is produced: by which reduction into which buffer."""
@@ -100,7 +113,7 @@ class GradPlan:
     @property
     def alloc(self) -> str:
         """torch.zeros for atomic targets; every other buffer is written once per element."""
-        return "torch.zeros" if self.reduction == "atomic" else "torch.empty"
+        return BUFFER_ALLOC[self.reduction]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,6 +146,11 @@ class PlanBase:
                 f"the generated test would not check the gradient of {', '.join(missing)}; every "
                 "differentiable input needs its own assertion"
             ))])
+
+    @property
+    def buffer_alloc(self) -> dict[str, str]:
+        """Reduction -> the allocator of its buffer, for the generated ALLOC table."""
+        return BUFFER_ALLOC
 
     @property
     def atomic_grads(self) -> tuple[GradPlan, ...]:
@@ -327,14 +345,14 @@ def weight_grads_table(p: PlanBase, dx_bytes: int, w_numel: int, adds_per_addres
     rows = []
     for g in p.grads:
         if g.reduction == "direct":
-            rows.append([g.grad, g.reduction, "written once (torch.empty)",
+            rows.append([g.grad, g.reduction, buffer_description(g.reduction),
                          format_bytes(dx_bytes), "-", g.note])
         elif g.reduction == "atomic":
-            rows.append([g.grad, g.reduction, "fp32 atomic target (torch.zeros)",
+            rows.append([g.grad, g.reduction, buffer_description(g.reduction),
                          format_bytes(4 * w_numel),
                          f"{adds_per_address * w_numel} ({adds_per_address} per address)", g.note])
         else:
-            rows.append([g.grad, g.reduction, "fp32 partials, summed after (torch.empty)",
+            rows.append([g.grad, g.reduction, buffer_description(g.reduction),
                          format_bytes(4 * partials), "0", g.note])
     return "gradient reductions", [["grad", "reduction", "buffer", "bytes", "atomics", "why"], *rows]
 

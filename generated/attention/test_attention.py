@@ -14,6 +14,7 @@ import torch
 
 from . import autograd
 from .autograd import (
+    ALLOC,
     DK_REDUCTION,
     DTYPE_NAMES,
     DV_REDUCTION,
@@ -190,8 +191,7 @@ def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduc
         shape, buffer_dtype = dkv_buffer(
             layout, reduction, batch, heads, kv_heads, seq_len, head_dim, name
         )
-        alloc = torch.zeros if reduction == "atomic" else torch.empty
-        buffers[label] = alloc(shape, dtype=TORCH_DTYPES[buffer_dtype], device="cuda")
+        buffers[label] = ALLOC[reduction](shape, dtype=TORCH_DTYPES[buffer_dtype], device="cuda")
     bwd = attention_bwd(
         batch,
         heads,

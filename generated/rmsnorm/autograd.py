@@ -97,12 +97,20 @@ def run_forward(x, w, save_rstd):
     return y, rstd
 
 
+# The buffer each gradient reduction writes into: fp32 atomic targets start at zero; direct writes
+# and split partials are written once per element.
+ALLOC = {
+    "atomic": torch.zeros,
+    "direct": torch.empty,
+    "split": torch.empty,
+}
+
+
 def alloc_dw(x, reduction):
-    """The fp32 dw buffer: zeroed for atomic adds, empty for split (each partial written once)."""
+    """The fp32 dw buffer of the reduction (ALLOC: zeroed for atomic adds)."""
     rows, cols = matrix_dims(x)
     shape = dw_buffer(reduction, rows, cols, BWD_TILING["block_rows"])
-    alloc = torch.zeros if reduction == "atomic" else torch.empty
-    return alloc(shape, dtype=torch.float32, device=x.device)
+    return ALLOC[reduction](shape, dtype=torch.float32, device=x.device)
 
 
 def launch_backward(x, rstd, w, dy, dx, dw_out, reduction):

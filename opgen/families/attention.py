@@ -15,7 +15,7 @@ from pydantic import Field, StrictBool
 
 from opgen.families.contract import Family
 from opgen.plan import (DTYPE_BYTES, SM90_SMEM_LIMIT, CompileJob, GradPlan, PlanBase, SourceInfo,
-                        Table, base_fields, ceildiv, flops_table, format_bytes, kernel_plan,
+                        Table, base_fields, buffer_description, ceildiv, flops_table, format_bytes, kernel_plan,
                         kernels_table, refuse_shape, saved_table, whole_kib)
 from opgen.spec import (BenchSection, Dtype, GemmTiling, PositiveInt, Reduction, ReductionKind,
                         RowTiling, StrictModel, TestSection, echo, family_spec,
@@ -384,6 +384,31 @@ class Plan(PlanBase):
     gqa_case: TestCase | None  # a grouped shape for the atomic-vs-split checks
     atomic_case: TestCase  # the shape of the atomic double-run check (grouped if any)
     smem: dict[str, dict[int, int]]  # phase -> head_dim -> bytes (estimate)
+    bench_cases: tuple[BenchCase, ...]
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One bench shape with the FLOPs its TF/s divide by (bwd = 2.5 x fwd: 5 GEMMs vs 2)."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    seq_len: int
+    head_dim: int
+    causal: bool
+    window: int | None
+    fwd_flops: int
+    bwd_flops: int
+
+
+def bench_cases(bench: AttentionBench) -> tuple[BenchCase, ...]:
+    cases = []
+    for s in bench.shapes:
+        fwd = flops_fwd(s.batch, s.heads, s.seq_len, s.head_dim, s.causal, s.window)
+        cases.append(BenchCase(s.batch, s.heads, s.kv_heads or s.heads, s.seq_len, s.head_dim,
+                               s.causal, s.window, fwd, flops_bwd(fwd)))
+    return tuple(cases)
 
 
 def visible_pairs(seq_len: int, causal: bool, window: int | None) -> int:
@@ -398,6 +423,11 @@ def flops_fwd(batch: int, heads: int, seq_len: int, head_dim: int, causal: bool,
               window: int | None = None) -> int:
     """Two GEMMs (Q K^T and P V) of 2 * D FLOPs per visible pair; bwd is 2.5x this."""
     return 4 * batch * heads * head_dim * visible_pairs(seq_len, causal, window)
+
+
+def flops_bwd(fwd: int) -> int:
+    """dS, dP, dV, dK and dQ: 5 GEMMs to the forward's 2."""
+    return fwd * 5 // 2
 
 
 def plan(spec: Spec, source: SourceInfo) -> Plan:
@@ -506,6 +536,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
             phase: {d: smem_bytes(phase, getattr(t, phase), d) for d in section.head_dims}
             for phase in ("fwd", "bwd")
         },
+        bench_cases=bench_cases(spec.bench),
     )
 
 
@@ -579,9 +610,7 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
             size = b * h * s * 4
         else:
             size = b * kv * s * d * {"atomic": 4, "split": 4 * groups, "direct": elem}[mode]
-        buffer = {"atomic": "fp32 atomic target (torch.zeros)", "split": "fp32 partials, summed after",
-                  "direct": "written once (torch.empty)"}[mode]
-        reductions.append([g.grad, mode, buffer, format_bytes(size), g.note])
+        reductions.append([g.grad, mode, buffer_description(mode), format_bytes(size), g.note])
     fwd = flops_fwd(b, h, s, d, causal, window)
     title = (f"shape: batch={b} heads={h} kv_heads={kv} seq_len={s} head_dim={d} causal={causal} "
              f"window={window} dtype={dtype} (groups={groups})")
@@ -591,7 +620,7 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
         saved_table(p, sizes, "recomputed in backward (forward kernel rerun)"),
         ("gradient reductions", [["grad", "reduction", "buffer", "bytes", "why"], *reductions]),
         flops_table(fwd, "4 * B * H * D * visible (query, key) pairs",
-                    2.5 * fwd, "2.5 x forward (5 GEMMs vs 2)"),
+                    flops_bwd(fwd), "2.5 x forward (5 GEMMs vs 2)"),
     ]
 
 

@@ -27,6 +27,13 @@ HEAD_DIMS = [64]
 # dK/dV reduction across the query heads of a group (spec [grads]); one group writes directly.
 DK_REDUCTION = "direct"
 DV_REDUCTION = "direct"
+# The buffer each gradient reduction writes into: fp32 atomic targets start at zero; direct writes
+# and split partials are written once per element.
+ALLOC = {
+    "atomic": torch.zeros,
+    "direct": torch.empty,
+    "split": torch.empty,
+}
 
 
 def dims(t, layout):
@@ -170,12 +177,10 @@ def run_backward(
     delta = preprocess(o, do)
 
     def dkv_alloc(reduction):
-        # Atomic targets start at zero; direct writes and split partials are written once each.
         shape, buffer_dtype = dkv_buffer(
             layout, reduction, batch, heads, kv_heads, seq_len, head_dim, dtype
         )
-        alloc = torch.zeros if reduction == "atomic" else torch.empty
-        return alloc(shape, dtype=TORCH_DTYPES[buffer_dtype], device=q.device)
+        return ALLOC[reduction](shape, dtype=TORCH_DTYPES[buffer_dtype], device=q.device)
 
     def dkv_finish(buffer, reduction):
         if reduction == "direct":
