@@ -281,7 +281,7 @@ def saved_aux_fields(spec: Any, source: SourceInfo, section: Any, aux: str, save
     return {
         **base_fields(spec, source),
         "grads": (GradPlan("dx", "x", "direct", dx_note), GradPlan("dw", "w", reduction, dw_note)),
-        # Seed 000: the directly written dx before the reduced dw.
+        # The directly written dx before the reduced dw: a wrong dw then cannot hide a wrong dx.
         "grad_check_order": (("dx", "x"), ("dw", "w")),
         "dw_reduction": reduction,
         "test_reductions": reductions_to_test(reduction),

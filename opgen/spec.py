@@ -127,7 +127,7 @@ class Tolerance(StrictModel):
     atol: Annotated[float, Field(gt=0, le=1)]
 
 
-# Seed 000: fp16 1e-2, bf16 2e-2.
+# 16-bit inputs with fp32 accumulation: fp16 1e-2, bf16 2e-2.
 DEFAULT_TOLERANCES = {
     "float16": Tolerance(rtol=1e-2, atol=1e-2),
     "bfloat16": Tolerance(rtol=2e-2, atol=2e-2),

@@ -17,7 +17,7 @@ The states and the masked chunk scores are rounded to the input dtype before the
 (the tensor cores take 16-bit operands). A forward block covers all of Dk and one Dv tile, so O is
 written once. A backward block covers one Dk and one Dv tile: dQ and dK are sums over the Dv tiles,
 dV over the Dk tiles, so all three are fp32 buffers that the host zeroes, the kernel adds into with
-atomics, and the host casts after (seed 000). Loads are element-wise copies that read zeros past S
+atomics, and the host casts after. Loads are element-wise copies that read zeros past S
 and past the head dims (tiles are padded to multiples of 16); stores and atomics past them are
 skipped: any S, Dk, Dv work."""
 

@@ -87,7 +87,7 @@ class AttentionGrads(StrictModel):
     dq: Reduction = Reduction(reduction="atomic")
     # dK/dV: with one query head per KV head each KV block owns its rows: written directly.
     # With GQA the query heads of a group all add to them: fp32 atomics then a cast ("atomic"),
-    # or one partial per group summed afterwards ("split": deterministic). Seed 002 / PR #940.
+    # or one partial per group summed afterwards ("split": deterministic).
     dk: Reduction | None = None
     dv: Reduction | None = None
     # dsinks: per-row terms from lse and Delta, summed over batch and rows afterwards.
@@ -494,7 +494,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     mask_cases += [MaskCase(f"causal-w{w}", True, w) for w in spec.test.windows]
     gqa_case = next((c for c in test_cases if c.kv_heads != c.heads), None)
 
-    # Seed 000: dV and dK (direct or per-group) before dQ (atomics); extra parameters last.
+    # dV and dK (direct or per-group) before dQ (atomics); extra parameters last.
     grad_check_order = (("dV", "v"), ("dK", "k"), ("dQ", "q")) + (
         (("dsinks", "sinks"),) if section.sinks else ()
     )

@@ -1,5 +1,5 @@
-"""Causal linear attention without normalisation, forward and backward (seed 000's "Linear
-Attention Backward": one monolithic backward kernel, every gradient an fp32 atomic target).
+"""Causal linear attention without normalisation, forward and backward (one monolithic backward
+kernel, every gradient an fp32 atomic target).
 
     O_t = scale * sum_{s <= t} (q_t . k_s) v_s
 
@@ -314,7 +314,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         max_head_dim=MAX_HEAD_DIM,
         kernels=kernels,
         grads=grads,
-        # Seed 000: the forward first, then dV and dK before the most atomic-prone dQ.
+        # The forward first, then dV and dK before the most atomic-prone dQ.
         grad_check_order=(("dV", "v"), ("dK", "k"), ("dQ", "q")),
         saved=("q", "k", "v"),
         recomputed=("the running states S = K^T V (dQ loop) and dS = Q^T dO (dK/dV loop)",),

@@ -1,4 +1,4 @@
-"""Matrix multiply C = A @ B (+ bias), forward and backward (seed 003's closing paragraph).
+"""Matrix multiply C = A @ B (+ bias), forward and backward.
 
 A is [M, K] (leading batch dims of A are flattened into M), B is [K, N], bias is [N]; inputs are
 fp16 or bf16 and every GEMM accumulates in fp32. The backward is two more GEMMs, each reading one

@@ -1,5 +1,5 @@
 """RMSNorm y = x * rstd * w over the last dim, rstd = 1 / sqrt(mean(x^2) + eps), forward and
-backward (seed 003: save vs recompute of the per-row rstd; per-channel dw partials).
+backward (save vs recompute of the per-row rstd; per-channel dw partials).
 
 x has any shape [..., C]; the kernels take it as a [rows, C] matrix. w is one learnable weight per
 channel. A forward block normalises block_rows rows at once; a backward block walks its block_rows
@@ -70,7 +70,7 @@ DEFAULT_TEST_SHAPES = ((3, 333, 77), (37, 5000), (4097,), (65, 8192))
 # `opgen new <scaffold>`: the data each commented scaffold is rendered from.
 SCAFFOLDS = {
     "rmsnorm": scaffold(
-        "RMSNorm y = x * rstd * w with a learnable per-channel w (seed 003), fwd and bwd",
+        "RMSNorm y = x * rstd * w with a learnable per-channel w, fwd and bwd",
         DEFAULT_TILING, eps="1e-6", weight_dtype="input", max_channels=DEFAULT_MAX_CHANNELS,
         dw="atomic", rstd="save", shapes=list(DEFAULT_TEST_SHAPES), bench_dtype="bfloat16",
         bench=[(16384, 4096)],

@@ -1,4 +1,4 @@
-"""Scaled SiLU y = w * silu(x) = w * x * sigmoid(x), forward and backward (seed 003).
+"""Scaled SiLU y = w * silu(x) = w * x * sigmoid(x), forward and backward.
 
 w is a learnable scalar or one weight per channel (the last dim of x). The op is elementwise, so
 the kernels take x as a [rows, cols] matrix: a scalar weight sees every element alike and views x
@@ -56,7 +56,7 @@ DEFAULT_TILING = {
 # `opgen new <scaffold>`: the data each commented scaffold is rendered from.
 SCAFFOLDS = {
     "scaled_silu": scaffold(
-        "scaled SiLU y = w * silu(x) with a learnable scalar w (seed 003), fwd and bwd",
+        "scaled SiLU y = w * silu(x) with a learnable scalar w, fwd and bwd",
         DEFAULT_TILING, weight="scalar", weight_dtype="float32", dw="atomic", sigmoid="recompute",
         shapes=[(3, 1000, 77), (4097,), (64, 1024)], bench_dtype="float16", bench=[(8192, 8192)],
     ),
@@ -72,8 +72,8 @@ class ScaledSiluSection(StrictModel):
 
 
 class ScaledSiluSaved(StrictModel):
-    # recompute: the forward saves x, the backward recomputes sigmoid(x) (a few FLOPs per element,
-    # seed 003's choice). save: the forward also writes sigmoid(x) in fp32 for the backward (in
+    # recompute: the forward saves x, the backward recomputes sigmoid(x) (a few FLOPs per
+    # element). save: the forward also writes sigmoid(x) in fp32 for the backward (in
     # x's dtype its rounding would show in dw): 4 more bytes per element held between forward and
     # backward, no exp in the backward.
     sigmoid: Literal["recompute", "save"] = "recompute"
