@@ -66,10 +66,10 @@ def write(gen: Generated, root: Path, *, compile_checked: bool = False,
     target = root / gen.out_dir
     with _locked(out_root, exclusive=True):
         _recover(out_root, gen.name)
-        problem = ownership_problem(gen, root)
+        current = read_tree(target)
+        problem = _owner_problem(gen, target, current)
         if problem and not force:
             raise OwnershipError(problem)
-        current = read_tree(target)
         if not compile_checked:
             compile_checked = _still_compile_checked(current, gen)
         files = {name: text.encode("utf-8")
@@ -98,20 +98,22 @@ def write(gen: Generated, root: Path, *, compile_checked: bool = False,
 def ownership_problem(gen: Generated, root: Path) -> str | None:
     """Why writing gen would replace something it does not own, or None."""
     target = root / gen.out_dir
+    return _owner_problem(gen, target, read_tree(target))
+
+
+def _owner_problem(gen: Generated, target: Path, current: dict[str, bytes]) -> str | None:
+    """ownership_problem of a package directory already read (current: its files)."""
     shown = gen.out_dir.as_posix()
-    if not target.exists():
-        return None
-    if not target.is_dir():
+    if target.exists() and not target.is_dir():
         return (f"{gen.spec_path}: name: {shown} exists and is not a directory; move it away, "
                 "or pass --force to replace it")
-    raw = _read_manifest_bytes(target)
-    if raw is None:
-        if not read_tree(target):
-            return None
+    if not current:
+        return None
+    if MANIFEST not in current:
         return (f"{gen.spec_path}: name: {shown}/ exists and was not written by opgen (it has no "
                 f"{MANIFEST}); move it away, or pass --force to replace it")
     try:
-        owner = parse_manifest(raw).spec
+        owner = parse_manifest(current[MANIFEST]).spec
     except ManifestError as exc:
         return (f"{gen.spec_path}: name: {shown}/{MANIFEST} is corrupt ({exc}), so the spec that "
                 "owns the package is unknown; pass --force to replace it")
@@ -254,11 +256,6 @@ def read_tree(directory: Path) -> dict[str, bytes]:
         if path.is_file() and not IGNORED.intersection(rel.parts) and path.suffix != ".pyc":
             files[rel.as_posix()] = path.read_bytes()
     return files
-
-
-def _read_manifest_bytes(package: Path) -> bytes | None:
-    path = package / MANIFEST
-    return path.read_bytes() if path.is_file() else None
 
 
 def _parse_or_none(raw: bytes | None) -> Manifest | None:
