@@ -3,6 +3,7 @@
 """Autograd of `rmsnorm` as torch.library custom ops: input checks, buffers, kernel phases."""
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .kernels import (
     FWD_TILING,
@@ -87,8 +88,15 @@ def run_forward(x, w, save_rstd):
         # never read: their backward launches nothing either.
         rstd = torch.zeros(rows, dtype=torch.float32, device=x.device) if save_rstd else None
         return torch.empty_like(x), rstd
-    fwd = rmsnorm_fwd(
-        rows, cols, DTYPE_NAMES[x.dtype], DTYPE_NAMES[w.dtype], EPS, save_rstd, **FWD_TILING
+    fwd = kernel(
+        rmsnorm_fwd,
+        rows,
+        cols,
+        DTYPE_NAMES[x.dtype],
+        DTYPE_NAMES[w.dtype],
+        EPS,
+        save_rstd,
+        **FWD_TILING,
     )
     # Direct writes: every element (every row's rstd) is written once.
     y = torch.empty_like(x)
@@ -105,6 +113,28 @@ ALLOC = {
     "split": torch.empty,
 }
 
+# Compiled kernels by factory and arguments. Each entry is the kernel's compiled entry point: it
+# checks every argument's shape, dtype and device, binds the symbolic dims and launches on the
+# current stream. Calling it directly saves the ~20 us of host time that TileLang's Python
+# wrapper and its factory lookup add to every launch.
+KERNELS = {}
+
+
+def kernel(factory, *args, **tiling):
+    """The compiled kernel of factory(*args, **tiling), built on first use."""
+    key = (id(factory), args, tuple(tiling.values()))  # a JITImpl does not hash
+    entry = KERNELS.get(key)
+    if entry is None:
+        entry = KERNELS[key] = entry_point(factory(*args, **tiling))
+    return entry
+
+
+def entry_point(compiled):
+    adapter = compiled.adapter
+    if not hasattr(adapter, "get_exportable_executable"):
+        return compiled  # another TileLang execution backend: its own call
+    return adapter.get_exportable_executable().jit().get_function("main")
+
 
 def alloc_dw(x, reduction):
     """The fp32 dw buffer of the reduction (ALLOC: zeroed for atomic adds)."""
@@ -118,7 +148,8 @@ def launch_backward(x, rstd, w, dy, dx, dw_out, reduction):
     rstd is the forward's (fp32 per row), or None to recompute it from x."""
     rows, cols = matrix_dims(x)
     save_rstd = rstd is not None
-    bwd = rmsnorm_bwd(
+    bwd = kernel(
+        rmsnorm_bwd,
         rows,
         cols,
         DTYPE_NAMES[x.dtype],
@@ -149,13 +180,9 @@ def run_backward(x, rstd, w, dy, reduction):
     return dx, dw.to(w.dtype)
 
 
-# The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
-# fake (shape) function and does not break the graph):
-#     opgen::rmsnorm_fwd, opgen::rmsnorm_bwd
-# dw_reduction is an argument of the forward op, unused there, so that the backward's context
+# dw_reduction is an argument of the forward, unused there, so that the backward's context
 # receives it.
-@torch.library.custom_op("opgen::rmsnorm_fwd", mutates_args=())
-def forward_op(
+def forward(
     x: torch.Tensor, w: torch.Tensor, save_rstd: bool, dw_reduction: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, rstd in fp32 per row); without save_rstd an empty tensor in its place: an op
@@ -164,19 +191,25 @@ def forward_op(
     return y, rstd if save_rstd else x.new_empty(0, dtype=torch.float32)
 
 
+def backward_phases(
+    x: torch.Tensor, rstd: torch.Tensor | None, w: torch.Tensor, dy: torch.Tensor, dw_reduction: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw); rstd is the forward's, or None to recompute it from x."""
+    return run_backward(x, rstd, w, dy, dw_reduction)
+
+
+# The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
+# fake (shape) function and does not break the graph):
+#     opgen::rmsnorm_fwd, opgen::rmsnorm_bwd
+forward_op = torch.library.custom_op("opgen::rmsnorm_fwd", forward, mutates_args=())
+backward_op = torch.library.custom_op("opgen::rmsnorm_bwd", backward_phases, mutates_args=())
+
+
 @forward_op.register_fake
 def _(x, w, save_rstd, dw_reduction):
     return torch.empty_like(x), x.new_empty(
         (matrix_dims(x)[0],) if save_rstd else (0,), dtype=torch.float32
     )
-
-
-@torch.library.custom_op("opgen::rmsnorm_bwd", mutates_args=())
-def backward_op(
-    x: torch.Tensor, rstd: torch.Tensor | None, w: torch.Tensor, dy: torch.Tensor, dw_reduction: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dw); rstd is the forward's, or None to recompute it from x."""
-    return run_backward(x, rstd, w, dy, dw_reduction)
 
 
 @backward_op.register_fake
@@ -192,9 +225,13 @@ def setup_context(ctx, inputs, output):
     ctx.dw_reduction = dw_reduction
 
 
-def backward(ctx, dy, _drstd):
+# The phase backward() calls: the custom op here, its Python function on the eager path.
+OP_PHASES = {"bwd": backward_op}
+
+
+def backward(ctx, dy, _drstd, phases=OP_PHASES):
     x, w, rstd = ctx.saved_tensors
-    dx, dw = backward_op(x, rstd, w, dy, ctx.dw_reduction)
+    dx, dw = phases["bwd"](x, rstd, w, dy, ctx.dw_reduction)
     # One gradient per forward input; None for save_rstd and dw_reduction.
     return dx, dw, None, None
 
@@ -202,9 +239,35 @@ def backward(ctx, dy, _drstd):
 forward_op.register_autograd(backward, setup_context=setup_context)
 
 
+# Eagerly on CUDA tensors the formula runs as a plain autograd.Function that calls the phases'
+# Python functions: the dispatch of a torch.library op costs more host time than its kernels take
+# at small shapes. torch.compile, torch.export, fake tensors and tensor subclasses take the ops.
+EAGER_PHASES = {"bwd": backward_phases}
+
+
+class EagerFunction(torch.autograd.Function):
+    forward = staticmethod(forward)
+    setup_context = staticmethod(setup_context)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return backward(ctx, *grads, phases=EAGER_PHASES)
+
+
+def eager(t):
+    """Whether a call with first tensor t runs EagerFunction (else the custom op)."""
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.is_cuda
+        and not torch.compiler.is_compiling()
+        and _get_current_dispatch_mode() is None
+    )
+
+
 def apply_op(x, w, save_rstd, dw_reduction):
-    """y from the custom op for any variant, without the input checks of rmsnorm()."""
-    return forward_op(x, w, save_rstd, dw_reduction)[0]
+    """y by the formula above for any variant, without the input checks of rmsnorm()."""
+    function = EagerFunction.apply if eager(x) else forward_op
+    return function(x, w, save_rstd, dw_reduction)[0]
 
 
 def rmsnorm(x, w):

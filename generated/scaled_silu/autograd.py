@@ -3,6 +3,7 @@
 """Autograd of `scaled_silu` as torch.library custom ops: input checks, buffers, kernel phases."""
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .kernels import (
     FWD_TILING,
@@ -83,8 +84,15 @@ def run_forward(x, w, save_sigmoid):
     if x.numel() == 0:
         return y, s  # empty work builds and launches no kernel
     rows, cols = matrix_dims(x)
-    fwd = scaled_silu_fwd(
-        rows, cols, WEIGHT, DTYPE_NAMES[x.dtype], DTYPE_NAMES[w.dtype], save_sigmoid, **FWD_TILING
+    fwd = kernel(
+        scaled_silu_fwd,
+        rows,
+        cols,
+        WEIGHT,
+        DTYPE_NAMES[x.dtype],
+        DTYPE_NAMES[w.dtype],
+        save_sigmoid,
+        **FWD_TILING,
     )
     outputs = (y, s) if save_sigmoid else (y,)
     fwd(x.view(rows, cols), w.view(-1), *(t.view(rows, cols) for t in outputs))
@@ -98,6 +106,28 @@ ALLOC = {
     "direct": torch.empty,
     "split": torch.empty,
 }
+
+# Compiled kernels by factory and arguments. Each entry is the kernel's compiled entry point: it
+# checks every argument's shape, dtype and device, binds the symbolic dims and launches on the
+# current stream. Calling it directly saves the ~20 us of host time that TileLang's Python
+# wrapper and its factory lookup add to every launch.
+KERNELS = {}
+
+
+def kernel(factory, *args, **tiling):
+    """The compiled kernel of factory(*args, **tiling), built on first use."""
+    key = (id(factory), args, tuple(tiling.values()))  # a JITImpl does not hash
+    entry = KERNELS.get(key)
+    if entry is None:
+        entry = KERNELS[key] = entry_point(factory(*args, **tiling))
+    return entry
+
+
+def entry_point(compiled):
+    adapter = compiled.adapter
+    if not hasattr(adapter, "get_exportable_executable"):
+        return compiled  # another TileLang execution backend: its own call
+    return adapter.get_exportable_executable().jit().get_function("main")
 
 
 def alloc_dw(x, reduction):
@@ -113,7 +143,8 @@ def launch_backward(x, s, w, dy, dx, dw_out, reduction):
     """The bwd kernel into given buffers: dx (x's shape and dtype) and dw_out (from alloc_dw)."""
     rows, cols = matrix_dims(x)
     save_sigmoid = s is not None
-    bwd = scaled_silu_bwd(
+    bwd = kernel(
+        scaled_silu_bwd,
         rows,
         cols,
         WEIGHT,
@@ -150,13 +181,9 @@ def run_backward(x, s, w, dy, reduction):
     return dx, dw.view(w.shape).to(w.dtype)
 
 
-# The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
-# fake (shape) function and does not break the graph):
-#     opgen::scaled_silu_fwd, opgen::scaled_silu_bwd
-# dw_reduction is an argument of the forward op, unused there, so that the backward's context
+# dw_reduction is an argument of the forward, unused there, so that the backward's context
 # receives it.
-@torch.library.custom_op("opgen::scaled_silu_fwd", mutates_args=())
-def forward_op(
+def forward(
     x: torch.Tensor, w: torch.Tensor, save_sigmoid: bool, dw_reduction: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, sigmoid(x) in fp32); without save_sigmoid an empty tensor in its place: an op
@@ -165,17 +192,23 @@ def forward_op(
     return y, s if save_sigmoid else x.new_empty(0, dtype=torch.float32)
 
 
-@forward_op.register_fake
-def _(x, w, save_sigmoid, dw_reduction):
-    return torch.empty_like(x), x.new_empty(x.shape if save_sigmoid else (0,), dtype=torch.float32)
-
-
-@torch.library.custom_op("opgen::scaled_silu_bwd", mutates_args=())
-def backward_op(
+def backward_phases(
     x: torch.Tensor, s: torch.Tensor | None, w: torch.Tensor, dy: torch.Tensor, dw_reduction: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw); s is the forward's, or None to recompute it from x."""
     return run_backward(x, s, w, dy, dw_reduction)
+
+
+# The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
+# fake (shape) function and does not break the graph):
+#     opgen::scaled_silu_fwd, opgen::scaled_silu_bwd
+forward_op = torch.library.custom_op("opgen::scaled_silu_fwd", forward, mutates_args=())
+backward_op = torch.library.custom_op("opgen::scaled_silu_bwd", backward_phases, mutates_args=())
+
+
+@forward_op.register_fake
+def _(x, w, save_sigmoid, dw_reduction):
+    return torch.empty_like(x), x.new_empty(x.shape if save_sigmoid else (0,), dtype=torch.float32)
 
 
 @backward_op.register_fake
@@ -191,9 +224,13 @@ def setup_context(ctx, inputs, output):
     ctx.dw_reduction = dw_reduction
 
 
-def backward(ctx, dy, _ds):
+# The phase backward() calls: the custom op here, its Python function on the eager path.
+OP_PHASES = {"bwd": backward_op}
+
+
+def backward(ctx, dy, _ds, phases=OP_PHASES):
     x, w, s = ctx.saved_tensors
-    dx, dw = backward_op(x, s, w, dy, ctx.dw_reduction)
+    dx, dw = phases["bwd"](x, s, w, dy, ctx.dw_reduction)
     # One gradient per forward input; None for save_sigmoid and dw_reduction.
     return dx, dw, None, None
 
@@ -201,9 +238,35 @@ def backward(ctx, dy, _ds):
 forward_op.register_autograd(backward, setup_context=setup_context)
 
 
+# Eagerly on CUDA tensors the formula runs as a plain autograd.Function that calls the phases'
+# Python functions: the dispatch of a torch.library op costs more host time than its kernels take
+# at small shapes. torch.compile, torch.export, fake tensors and tensor subclasses take the ops.
+EAGER_PHASES = {"bwd": backward_phases}
+
+
+class EagerFunction(torch.autograd.Function):
+    forward = staticmethod(forward)
+    setup_context = staticmethod(setup_context)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return backward(ctx, *grads, phases=EAGER_PHASES)
+
+
+def eager(t):
+    """Whether a call with first tensor t runs EagerFunction (else the custom op)."""
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.is_cuda
+        and not torch.compiler.is_compiling()
+        and _get_current_dispatch_mode() is None
+    )
+
+
 def apply_op(x, w, save_sigmoid, dw_reduction):
-    """y from the custom op for any variant, without the input checks of scaled_silu()."""
-    return forward_op(x, w, save_sigmoid, dw_reduction)[0]
+    """y by the formula above for any variant, without the input checks of scaled_silu()."""
+    function = EagerFunction.apply if eager(x) else forward_op
+    return function(x, w, save_sigmoid, dw_reduction)[0]
 
 
 def scaled_silu(x, w):

@@ -3,6 +3,7 @@
 """Autograd of `swiglu` as torch.library custom ops: input checks, buffers, kernel phases."""
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .kernels import (
     FWD_TILING,
@@ -22,6 +23,27 @@ SAVE_SIGMOID = False
 # The kernels' vector loads and stores need every matrix to start on a 16-byte boundary; an input
 # that does not (a view at an odd offset, the second half of an odd-width x) is copied once.
 ALIGNMENT = 16
+# Compiled kernels by factory and arguments. Each entry is the kernel's compiled entry point: it
+# checks every argument's shape, dtype and device, binds the symbolic dims and launches on the
+# current stream. Calling it directly saves the ~20 us of host time that TileLang's Python
+# wrapper and its factory lookup add to every launch.
+KERNELS = {}
+
+
+def kernel(factory, *args, **tiling):
+    """The compiled kernel of factory(*args, **tiling), built on first use."""
+    key = (id(factory), args, tuple(tiling.values()))  # a JITImpl does not hash
+    entry = KERNELS.get(key)
+    if entry is None:
+        entry = KERNELS[key] = entry_point(factory(*args, **tiling))
+    return entry
+
+
+def entry_point(compiled):
+    adapter = compiled.adapter
+    if not hasattr(adapter, "get_exportable_executable"):
+        return compiled  # another TileLang execution backend: its own call
+    return adapter.get_exportable_executable().jit().get_function("main")
 
 
 def _aligned(t):
@@ -100,8 +122,15 @@ def run_forward(a, b, save_sigmoid):
         return y, s  # empty work builds and launches no kernel
     a, b = as_matrix(a), as_matrix(b)
     rows, cols = a.shape
-    fwd = swiglu_fwd(
-        rows, cols, row_stride(a), row_stride(b), DTYPE_NAMES[a.dtype], save_sigmoid, **FWD_TILING
+    fwd = kernel(
+        swiglu_fwd,
+        rows,
+        cols,
+        row_stride(a),
+        row_stride(b),
+        DTYPE_NAMES[a.dtype],
+        save_sigmoid,
+        **FWD_TILING,
     )
     outputs = (y, s) if save_sigmoid else (y,)
     fwd(a, b, *(t.view(rows, cols) for t in outputs))
@@ -113,7 +142,8 @@ def launch_backward(a, b, s, dy, da, db):
     [rows, C], da and db [rows, C] matrices with row strides of their own, aligned."""
     rows, cols = a.shape
     save_sigmoid = s is not None
-    bwd = swiglu_bwd(
+    bwd = kernel(
+        swiglu_bwd,
         rows,
         cols,
         row_stride(a),
@@ -152,8 +182,7 @@ def run_backward(a, b, s, dy):
 # The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
 # fake (shape) function and does not break the graph):
 #     opgen::swiglu_fwd, opgen::swiglu_bwd
-@torch.library.custom_op("opgen::swiglu_fwd", mutates_args=())
-def forward_op(
+def forward(
     a: torch.Tensor, b: torch.Tensor, save_sigmoid: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, sigmoid(a) in fp32); without save_sigmoid an empty tensor in its place: an op returns
@@ -162,17 +191,22 @@ def forward_op(
     return y, s if save_sigmoid else a.new_empty(0, dtype=torch.float32)
 
 
-@forward_op.register_fake
-def _(a, b, save_sigmoid):
-    return a.new_empty(a.shape), a.new_empty(a.shape if save_sigmoid else (0,), dtype=torch.float32)
-
-
-@torch.library.custom_op("opgen::swiglu_bwd", mutates_args=())
-def backward_op(
+def backward_phases(
     a: torch.Tensor, b: torch.Tensor, s: torch.Tensor | None, dy: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(da, db); s is the forward's sigmoid(a), or None to recompute it from a."""
     return run_backward(a, b, s, dy)
+
+
+forward_op = torch.library.custom_op("opgen::swiglu_fwd", forward, mutates_args=())
+backward_op = torch.library.custom_op("opgen::swiglu_bwd", backward_phases, mutates_args=())
+# The phase backward() calls: the custom op here, its Python function on the eager path.
+OP_PHASES = {"bwd": backward_op}
+
+
+@forward_op.register_fake
+def _(a, b, save_sigmoid):
+    return a.new_empty(a.shape), a.new_empty(a.shape if save_sigmoid else (0,), dtype=torch.float32)
 
 
 @backward_op.register_fake
@@ -187,9 +221,9 @@ def setup_context(ctx, inputs, output):
     ctx.save_for_backward(a, b, output[1] if save_sigmoid else None)
 
 
-def backward(ctx, dy, _ds):
+def backward(ctx, dy, _ds, phases=OP_PHASES):
     a, b, s = ctx.saved_tensors
-    da, db = backward_op(a, b, s, dy)
+    da, db = phases["bwd"](a, b, s, dy)
     # One gradient per forward input; None for save_sigmoid.
     return da, db, None
 
@@ -197,9 +231,35 @@ def backward(ctx, dy, _ds):
 forward_op.register_autograd(backward, setup_context=setup_context)
 
 
+# Eagerly on CUDA tensors the formula runs as a plain autograd.Function that calls the phases'
+# Python functions: the dispatch of a torch.library op costs more host time than its kernels take
+# at small shapes. torch.compile, torch.export, fake tensors and tensor subclasses take the ops.
+EAGER_PHASES = {"bwd": backward_phases}
+
+
+class EagerFunction(torch.autograd.Function):
+    forward = staticmethod(forward)
+    setup_context = staticmethod(setup_context)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return backward(ctx, *grads, phases=EAGER_PHASES)
+
+
+def eager(t):
+    """Whether a call with first tensor t runs EagerFunction (else the custom op)."""
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.is_cuda
+        and not torch.compiler.is_compiling()
+        and _get_current_dispatch_mode() is None
+    )
+
+
 def apply_op(a, b, save_sigmoid):
-    """y from the custom op for either saved.sigmoid, without the input checks of swiglu()."""
-    return forward_op(a, b, save_sigmoid)[0]
+    """y by the formula above for either saved.sigmoid, without the input checks of swiglu()."""
+    function = EagerFunction.apply if eager(a) else forward_op
+    return function(a, b, save_sigmoid)[0]
 
 
 def swiglu(a, b):

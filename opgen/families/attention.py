@@ -545,7 +545,6 @@ def _compile_jobs(spec, kernels, chosen, test_cases, mask_cases) -> tuple[Compil
     and the bwd dK/dV modes (MHA shapes write directly; grouped shapes use the spec's reduction,
     and the generated tests also run the other one)."""
     section = spec.attention
-    seq = test_cases[0].seq_len
     groups = sorted({c.heads // c.kv_heads for c in test_cases})
     bwd_modes = [(1, "direct", "direct")]  # one query head per KV head
     if section.gqa:
@@ -557,21 +556,21 @@ def _compile_jobs(spec, kernels, chosen, test_cases, mask_cases) -> tuple[Compil
         for mask in mask_cases:
             window = mask.window or 0
             k = kernels["fwd"]
-            jobs.append(CompileJob(k.factory, (1, 1, 1, seq, dim, mask.causal, window, layout, dtype),
+            jobs.append(CompileJob(k.factory, (1, 1, dim, mask.causal, window, layout, dtype),
                                    k.tiling, f"fwd {tag} {mask.id}"))
             k = kernels["bwd"]
             for g, dk, dv in bwd_modes:
                 modes = f"groups={g} dk={dk} dv={dv}"
                 jobs.append(CompileJob(
-                    k.factory, (1, g, 1, seq, dim, mask.causal, window, layout, dtype, dk, dv),
+                    k.factory, (g, 1, dim, mask.causal, window, layout, dtype, dk, dv),
                     k.tiling, f"bwd {tag} {mask.id} {modes}"))
         for key in ("preprocess", "postprocess"):
             k = kernels[key]
-            jobs.append(CompileJob(k.factory, (1, 1, seq, dim, layout, dtype), k.tiling,
+            jobs.append(CompileJob(k.factory, (1, dim, layout, dtype), k.tiling,
                                    f"{k.phase} {tag}"))
     if "dsinks" in kernels:
         k = kernels["dsinks"]
-        jobs.append(CompileJob(k.factory, (1, 1, seq), k.tiling, "bwd_dsinks"))
+        jobs.append(CompileJob(k.factory, (1,), k.tiling, "bwd_dsinks"))
     return tuple(jobs)
 
 

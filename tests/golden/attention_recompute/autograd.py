@@ -3,6 +3,7 @@
 """Autograd of `attention_recompute` as torch.library custom ops: input checks, buffers, kernel phases."""
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .kernels import (
     BWD_TILING,
@@ -34,6 +35,28 @@ ALLOC = {
     "direct": torch.empty,
     "split": torch.empty,
 }
+
+# Compiled kernels by factory and arguments. Each entry is the kernel's compiled entry point: it
+# checks every argument's shape, dtype and device, binds the symbolic dims and launches on the
+# current stream. Calling it directly saves the ~20 us of host time that TileLang's Python
+# wrapper and its factory lookup add to every launch.
+KERNELS = {}
+
+
+def kernel(factory, *args, **tiling):
+    """The compiled kernel of factory(*args, **tiling), built on first use."""
+    key = (id(factory), args, tuple(tiling.values()))  # a JITImpl does not hash
+    entry = KERNELS.get(key)
+    if entry is None:
+        entry = KERNELS[key] = entry_point(factory(*args, **tiling))
+    return entry
+
+
+def entry_point(compiled):
+    adapter = compiled.adapter
+    if not hasattr(adapter, "get_exportable_executable"):
+        return compiled  # another TileLang execution backend: its own call
+    return adapter.get_exportable_executable().jit().get_function("main")
 
 
 def dims(t, layout):
@@ -129,11 +152,10 @@ def run_forward(q, k, v, causal, window, layout):
         # batch, heads or seq_len 0: empty work builds and launches no kernel.
         return q.new_empty(q.shape), q.new_empty((batch, heads, seq_len), dtype=torch.float32)
     kv_heads = dims(k, layout)[1]
-    fwd = attention_recompute_fwd(
-        batch,
+    fwd = kernel(
+        attention_recompute_fwd,
         heads,
         kv_heads,
-        seq_len,
         head_dim,
         causal,
         window or 0,
@@ -141,7 +163,10 @@ def run_forward(q, k, v, causal, window, layout):
         DTYPE_NAMES[q.dtype],
         **FWD_TILING,
     )
-    return fwd(q, k, v)
+    o = torch.empty_like(q)
+    lse = q.new_empty((batch, heads, seq_len), dtype=torch.float32)
+    fwd(q, k, v, o, lse)
+    return o, lse
 
 
 def run_backward(
@@ -171,10 +196,10 @@ def run_backward(
     # Autograd may hand a non-contiguous or differently typed gradient.
     do = do.contiguous().to(q.dtype)
 
-    preprocess = attention_recompute_bwd_preprocess(
-        batch, heads, seq_len, head_dim, layout, dtype, **PREPROCESS_TILING
+    delta = lse.new_empty(lse.shape)
+    kernel(attention_recompute_bwd_preprocess, heads, head_dim, layout, dtype, **PREPROCESS_TILING)(
+        o, do, delta
     )
-    delta = preprocess(o, do)
 
     def dkv_alloc(reduction):
         shape, buffer_dtype = dkv_buffer(
@@ -196,11 +221,10 @@ def run_backward(
         device=q.device,
     )
     dk_buffer, dv_buffer = dkv_alloc(dk_reduction), dkv_alloc(dv_reduction)
-    bwd = attention_recompute_bwd(
-        batch,
+    bwd = kernel(
+        attention_recompute_bwd,
         heads,
         kv_heads,
-        seq_len,
         head_dim,
         causal,
         window or 0,
@@ -212,33 +236,22 @@ def run_backward(
     )
     bwd(q, k, v, do, lse, delta, dq_accum, dk_buffer, dv_buffer)
 
-    postprocess = attention_recompute_bwd_postprocess(
-        batch, heads, seq_len, head_dim, layout, dtype, **POSTPROCESS_TILING
-    )
-    dq = postprocess(dq_accum)
+    dq = torch.empty_like(q)
+    kernel(
+        attention_recompute_bwd_postprocess, heads, head_dim, layout, dtype, **POSTPROCESS_TILING
+    )(dq_accum, dq)
     dk, dv = dkv_finish(dk_buffer, dk_reduction), dkv_finish(dv_buffer, dv_reduction)
     return dq, dk, dv
 
 
-# The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
-# fake (shape) function and does not break the graph):
-#     opgen::attention_recompute_fwd, opgen::attention_recompute_bwd
-@torch.library.custom_op("opgen::attention_recompute_fwd", mutates_args=())
-def forward_op(
+def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int, layout: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, lse: fp32, log2 domain); window 0: no sliding window."""
     return run_forward(q, k, v, causal, window, layout)
 
 
-@forward_op.register_fake
-def _(q, k, v, causal, window, layout):
-    batch, heads, seq_len, _ = dims(q, layout)
-    return q.new_empty(q.shape), q.new_empty((batch, heads, seq_len), dtype=torch.float32)
-
-
-@torch.library.custom_op("opgen::attention_recompute_bwd", mutates_args=())
-def backward_op(
+def backward_phases(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -251,6 +264,21 @@ def backward_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) by every backward phase, with the spec's dK/dV reductions."""
     return run_backward(q, k, v, o, lse, do, causal, window, layout)
+
+
+# The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
+# fake (shape) function and does not break the graph):
+#     opgen::attention_recompute_fwd, opgen::attention_recompute_bwd
+forward_op = torch.library.custom_op("opgen::attention_recompute_fwd", forward, mutates_args=())
+backward_op = torch.library.custom_op(
+    "opgen::attention_recompute_bwd", backward_phases, mutates_args=()
+)
+
+
+@forward_op.register_fake
+def _(q, k, v, causal, window, layout):
+    batch, heads, seq_len, _ = dims(q, layout)
+    return q.new_empty(q.shape), q.new_empty((batch, heads, seq_len), dtype=torch.float32)
 
 
 @backward_op.register_fake
@@ -266,11 +294,15 @@ def setup_context(ctx, inputs, output):
     ctx.causal, ctx.window, ctx.layout = causal, window, layout
 
 
-def backward(ctx, do, _dlse):
+# The phases backward() calls: the custom ops here, their Python functions on the eager path.
+OP_PHASES = {"fwd": forward_op, "bwd": backward_op}
+
+
+def backward(ctx, do, _dlse, phases=OP_PHASES):
     q, k, v = ctx.saved_tensors
     # Not saved by the forward (spec [saved]): o, lse. Rerun the forward kernel.
-    o, lse = forward_op(q, k, v, ctx.causal, ctx.window, ctx.layout)
-    dq, dk, dv = backward_op(q, k, v, o, lse, do, ctx.causal, ctx.window, ctx.layout)
+    o, lse = phases["fwd"](q, k, v, ctx.causal, ctx.window, ctx.layout)
+    dq, dk, dv = phases["bwd"](q, k, v, o, lse, do, ctx.causal, ctx.window, ctx.layout)
     # One gradient per forward input; None for causal, window and layout.
     return dq, dk, dv, None, None, None
 
@@ -278,9 +310,35 @@ def backward(ctx, do, _dlse):
 forward_op.register_autograd(backward, setup_context=setup_context)
 
 
+# Eagerly on CUDA tensors the formula runs as a plain autograd.Function that calls the phases'
+# Python functions: the dispatch of a torch.library op costs more host time than its kernels take
+# at small shapes. torch.compile, torch.export, fake tensors and tensor subclasses take the ops.
+EAGER_PHASES = {"fwd": forward, "bwd": backward_phases}
+
+
+class EagerFunction(torch.autograd.Function):
+    forward = staticmethod(forward)
+    setup_context = staticmethod(setup_context)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return backward(ctx, *grads, phases=EAGER_PHASES)
+
+
+def eager(t):
+    """Whether a call with first tensor t runs EagerFunction (else the custom op)."""
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.is_cuda
+        and not torch.compiler.is_compiling()
+        and _get_current_dispatch_mode() is None
+    )
+
+
 def apply_op(q, k, v, causal, window, layout):
-    """O from the custom op, without the input checks of attention_recompute(); window None or 0: none."""
-    return forward_op(q, k, v, causal, window or 0, layout)[0]
+    """O by the formula above, without the input checks of attention_recompute(); window None or 0: none."""
+    function = EagerFunction.apply if eager(q) else forward_op
+    return function(q, k, v, causal, window or 0, layout)[0]
 
 
 def attention_recompute(q, k, v, causal=True, layout="bhsd"):
