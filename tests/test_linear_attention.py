@@ -144,20 +144,24 @@ def test_plan_grads_are_fp32_atomics_and_inputs_are_saved(project):
 def test_plan_scale_none(project):
     p = plan_of(project, MINIMAL + '[linear_attention]\nscale = "none"\n')
     assert p.scale_expr == "1.0"
-    assert all(job.args[6] == 1.0 for job in p.compile_jobs)
+    assert all(job.args[4] == 1.0 for job in p.compile_jobs)
 
 
 def test_plan_tail_case_and_compile_jobs(project):
     p = plan_of(project)
     assert p.tail_case.seq_len % 64 and p.tail_case.dim_v > 64
-    tests, dtypes = len(p.test_cases), len(p.dtypes)
-    assert len(p.compile_jobs) == 2 * tests * dtypes + 2 * len(p.bench.shapes)
+    # batch and seq_len are symbolic: a job per (heads, dim_k, dim_v, dtype) variant, built once.
+    variants = {(s.heads, s.dim_k, s.dim_v) for s in p.test_cases}
+    bench = {(s.heads, s.dim_k, s.dim_v) for s in p.bench.shapes}
+    assert len(p.compile_jobs) == 2 * len(variants) * len(p.dtypes) + 2 * len(bench)
     for job in p.compile_jobs:
         assert job.factory in ("x_fwd", "x_bwd")
-        b, s, h, dk, dv, dtype, scale = job.args
+        h, dk, dv, dtype, scale = job.args
         assert scale == pytest.approx(dk ** -0.5)
         key = "fwd" if job.factory == "x_fwd" else "bwd"
         assert job.tiling == p.kernels[key].tiling
+    keys = [(j.factory, j.args) for j in p.compile_jobs]
+    assert len(keys) == len(set(keys))
     assert p.compile_jobs[-1].label.endswith("(bench)")
 
 
@@ -227,8 +231,8 @@ def test_generated_files_carry_the_spec_choices(project):
     assert "T.atomic_add(dQ" in gen.files["kernels.py"]
     assert "torch.zeros(q.shape, dtype=torch.float32" in gen.files["autograd.py"]
     assert "ctx.save_for_backward(q, k, v)" in gen.files["autograd.py"]
-    for phase in ("fwd", "bwd"):
-        assert f'@torch.library.custom_op("opgen::x_{phase}", mutates_args=())' in gen.files[
+    for phase, function in (("fwd", "forward"), ("bwd", "backward_phases")):
+        assert f'torch.library.custom_op("opgen::x_{phase}", {function}, mutates_args=())' in gen.files[
             "autograd.py"]
     assert "forward_op.register_autograd(backward, setup_context=setup_context)" in gen.files[
         "autograd.py"]

@@ -259,26 +259,34 @@ def test_smem_estimate():
 def test_plan_compile_jobs(project):
     p = plan_of(project, BIAS)
     labels = [j.label for j in p.compile_jobs]
-    # Per dtype at the tail shape: fwd with and without bias, dA, dB, dbias; per bench shape the
-    # same with the spec's bias.
+    # m is symbolic: a job per (n, k) variant. Per dtype at the tail shape: fwd with and without
+    # bias, dA, dB, dbias; per bench shape the same with the spec's bias.
     assert len(labels) == 2 * 5 + 2 * 4
     assert labels[:5] == [
-        "fwd float16 1000x777x336 bias=True", "fwd float16 1000x777x336 bias=False",
-        "bwd_da float16 1000x777x336", "bwd_db float16 1000x777x336", "bwd_dbias float16 1000x777",
+        "fwd float16 n=777 k=336 bias=True", "fwd float16 n=777 k=336 bias=False",
+        "bwd_da float16 n=777 k=336", "bwd_db float16 n=777 k=336", "bwd_dbias float16 n=777",
     ]
-    assert labels[-4:] == ["fwd bfloat16 8192x8192x8192 bias=True (bench)",
-                           "bwd_da bfloat16 8192x8192x8192 (bench)",
-                           "bwd_db bfloat16 8192x8192x8192 (bench)",
-                           "bwd_dbias bfloat16 8192x8192 (bench)"]
+    assert labels[-4:] == ["fwd bfloat16 n=8192 k=8192 bias=True (bench)",
+                           "bwd_da bfloat16 n=8192 k=8192 (bench)",
+                           "bwd_db bfloat16 n=8192 k=8192 (bench)",
+                           "bwd_dbias bfloat16 n=8192 (bench)"]
     fwd, _, da, db, dbias = p.compile_jobs[:5]
     assert (fwd.factory, fwd.args, fwd.tiling) == (
-        "x_fwd", (1000, 777, 336, "float16", True), p.kernels["fwd"].tiling)
-    assert (da.factory, da.args) == ("x_bwd_da", (1000, 777, 336, "float16"))
-    assert (db.factory, db.args) == ("x_bwd_db", (1000, 777, 336, "float16"))
-    assert (dbias.factory, dbias.args) == ("x_bwd_dbias", (1000, 777, "float16"))
+        "x_fwd", (777, 336, "float16", True), p.kernels["fwd"].tiling)
+    assert (da.factory, da.args) == ("x_bwd_da", (777, 336, "float16"))
+    assert (db.factory, db.args) == ("x_bwd_db", (777, 336, "float16"))
+    assert (dbias.factory, dbias.args) == ("x_bwd_dbias", (777, "float16"))
     plain = plan_of(project, MINIMAL + 'dtypes = ["bfloat16"]\n')
     assert len(plain.compile_jobs) == 3 + 2 * 3
     assert not any("dbias" in j.label or "bias=True" in j.label for j in plain.compile_jobs)
+
+
+def test_plan_compile_jobs_build_a_shared_variant_once(project):
+    """Two bench shapes with one n, k (only m differs) are one kernel variant: one job each."""
+    p = plan_of(project, MINIMAL + 'dtypes = ["bfloat16"]\n[bench]\nshapes = [{ m = 4096, n = 512, '
+                "k = 256 }, { m = 77, n = 512, k = 256 }]\n")
+    keys = [(j.factory, j.args) for j in p.compile_jobs]
+    assert len(keys) == len(set(keys)) == 3 + 3
 
 
 def test_plan_bench_flops(project):
@@ -351,9 +359,10 @@ def test_generated_signature_follows_the_bias_switch(project):
     assert "check_inputs(a, b, None)" in plain["autograd.py"]
     assert "def x(a, b, bias):" in biased["autograd.py"]
     assert "x_bwd_dbias" not in plain["kernels.py"] and "x_bwd_dbias" in biased["kernels.py"]
-    assert '@torch.library.custom_op("opgen::x_bwd_dbias"' in biased["autograd.py"]
+    assert 'torch.library.custom_op("opgen::x_bwd_dbias", dbias_phase,' in biased["autograd.py"]
     assert "opgen::x_bwd_dbias" not in plain["autograd.py"]
     assert "dbias_op" not in plain["autograd.py"] + plain["test_x.py"]
+    assert "dbias_phase" not in plain["autograd.py"]
     assert "return apply_op(a, b, None)" in plain["autograd.py"]
     assert "test_dbias_partials" not in plain["test_x.py"]
     assert "test_dbias_partials" in biased["test_x.py"]

@@ -3,6 +3,7 @@
 """Autograd of `linear_attention` as torch.library custom ops: input checks, buffers, kernel phases."""
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .kernels import (
     FWD_TILING,
@@ -20,6 +21,27 @@ DTYPE_NAMES = {
 MAX_HEAD_DIM = 256
 # Every tensor the kernels read must start on a 16-byte boundary (vectorised accesses assume it).
 ALIGNMENT = 16
+# Compiled kernels by factory and arguments. Each entry is the kernel's compiled entry point: it
+# checks every argument's shape, dtype and device, binds the symbolic dims and launches on the
+# current stream. Calling it directly saves the ~20 us of host time that TileLang's Python
+# wrapper and its factory lookup add to every launch.
+KERNELS = {}
+
+
+def kernel(factory, *args, **tiling):
+    """The compiled kernel of factory(*args, **tiling), built on first use."""
+    key = (id(factory), args, tuple(tiling.values()))  # a JITImpl does not hash
+    entry = KERNELS.get(key)
+    if entry is None:
+        entry = KERNELS[key] = entry_point(factory(*args, **tiling))
+    return entry
+
+
+def entry_point(compiled):
+    adapter = compiled.adapter
+    if not hasattr(adapter, "get_exportable_executable"):
+        return compiled  # another TileLang execution backend: its own call
+    return adapter.get_exportable_executable().jit().get_function("main")
 
 
 def scale_for(dim_k):
@@ -104,9 +126,11 @@ def dense(t):
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def sizes(q, v):
-    """The factories' shape arguments: batch, seq_len, heads, dim_k, dim_v."""
-    return (*q.shape, v.shape[3])
+def variant(q, v):
+    """The factories' arguments before the tiling: heads, dim_k, dim_v, dtype, scale. batch and
+    seq_len are symbolic in the kernels: one build per variant serves every batch and length."""
+    heads, dim_k, dim_v = q.shape[2], q.shape[3], v.shape[3]
+    return heads, dim_k, dim_v, DTYPE_NAMES[q.dtype], scale_for(dim_k)
 
 
 def run_forward(q, k, v):
@@ -114,8 +138,7 @@ def run_forward(q, k, v):
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     if o.numel() == 0:
         return o  # B, S or H 0: empty work builds and launches no kernel
-    args = sizes(q, v)
-    linear_attention_fwd(*args, DTYPE_NAMES[q.dtype], scale_for(args[3]), **FWD_TILING)(q, k, v, o)
+    kernel(linear_attention_fwd, *variant(q, v), **FWD_TILING)(q, k, v, o)
     return o
 
 
@@ -130,10 +153,7 @@ def zeroed_grad_buffers(q, v):
 
 def backward_into(q, k, v, do, dq, dk, dv):
     """Launch the backward kernel once: it adds dQ, dK, dV (fp32) into the given buffers."""
-    args = sizes(q, v)
-    linear_attention_bwd(*args, DTYPE_NAMES[q.dtype], scale_for(args[3]), **BWD_TILING)(
-        q, k, v, do, dq, dk, dv
-    )
+    kernel(linear_attention_bwd, *variant(q, v), **BWD_TILING)(q, k, v, do, dq, dk, dv)
 
 
 def run_backward(q, k, v, do):
@@ -147,30 +167,34 @@ def run_backward(q, k, v, do):
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-# The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
-# fake (shape) function and does not break the graph):
-#     opgen::linear_attention_fwd, opgen::linear_attention_bwd
-# Every launch and the buffers around it are inside an op: the backward formula is traced with
-# fake tensors, which have no data for a kernel.
-@torch.library.custom_op("opgen::linear_attention_fwd", mutates_args=())
-def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """O [B, S, H, Dv] in q's dtype."""
     check_aligned(q, k, v)
     return run_forward(q, k, v)
 
 
-@forward_op.register_fake
-def _(q, k, v):
-    return q.new_empty(v.shape)
-
-
-@torch.library.custom_op("opgen::linear_attention_bwd", mutates_args=())
-def backward_op(
+def backward_phases(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) in the inputs' dtypes; do of any strides and alignment (copied only then)."""
     # dense() reads the data pointer: here, on real tensors, not in the traced formula.
     return run_backward(q, k, v, dense(do))
+
+
+# The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
+# fake (shape) function and does not break the graph):
+#     opgen::linear_attention_fwd, opgen::linear_attention_bwd
+# Every launch and the buffers around it are inside an op: the backward formula is traced with
+# fake tensors, which have no data for a kernel.
+forward_op = torch.library.custom_op("opgen::linear_attention_fwd", forward, mutates_args=())
+backward_op = torch.library.custom_op(
+    "opgen::linear_attention_bwd", backward_phases, mutates_args=()
+)
+
+
+@forward_op.register_fake
+def _(q, k, v):
+    return q.new_empty(v.shape)
 
 
 @backward_op.register_fake
@@ -184,19 +208,49 @@ def setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v)
 
 
-def backward(ctx, do):
+# The phases backward() calls: the custom ops here, their Python functions on the eager path.
+OP_PHASES = {"bwd": backward_op}
+
+
+def backward(ctx, do, phases=OP_PHASES):
     q, k, v = ctx.saved_tensors
     # One kernel computes all three; one gradient per forward input.
-    return backward_op(q, k, v, do.to(q.dtype))
+    return phases["bwd"](q, k, v, do.to(q.dtype))
 
 
 forward_op.register_autograd(backward, setup_context=setup_context)
 
 
+# Eagerly on CUDA tensors the formula runs as a plain autograd.Function that calls the phases'
+# Python functions: the dispatch of a torch.library op costs more host time than its kernels take
+# at small shapes. torch.compile, torch.export, fake tensors and tensor subclasses take the ops.
+EAGER_PHASES = {"bwd": backward_phases}
+
+
+class EagerFunction(torch.autograd.Function):
+    forward = staticmethod(forward)
+    setup_context = staticmethod(setup_context)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return backward(ctx, *grads, phases=EAGER_PHASES)
+
+
+def eager(t):
+    """Whether a call with first tensor t runs EagerFunction (else the custom op)."""
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.is_cuda
+        and not torch.compiler.is_compiling()
+        and _get_current_dispatch_mode() is None
+    )
+
+
 def apply_op(q, k, v):
-    """O from the custom op, without the input checks of linear_attention() (but for alignment, which
-    the forward op checks)."""
-    return forward_op(q, k, v)
+    """O by the formula above, without the input checks of linear_attention() (but for alignment,
+    which the forward checks)."""
+    function = EagerFunction.apply if eager(q) else forward_op
+    return function(q, k, v)
 
 
 def linear_attention(q, k, v):

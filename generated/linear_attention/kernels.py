@@ -4,8 +4,9 @@
 
     O_t = scale * sum_{s <= t} (q_t . k_s) v_s       q, k [B, S, H, Dk], v, O [B, S, H, Dv]
 
-Every factory takes the problem's sizes, dtype, scale and tiling, so one module serves every runtime
-shape; TileLang compiles and caches one kernel per argument set. Both kernels walk the sequence in
+Every factory takes heads, the head dims, dtype, scale and tiling; batch and seq_len are symbolic
+(bound from the tensors at each call), so one compiled kernel per variant serves every batch and
+sequence length. Every buffer, outputs included, is passed in. Both kernels walk the sequence in
 chunks of `chunk` rows with a running fp32 state held in registers:
 
     fwd, per chunk:  O  = mask(Q K^T) V + Q S          S  += K^T V       (mask: t >= s)
@@ -19,7 +20,8 @@ written once. A backward block covers one Dk and one Dv tile: dQ and dK are sums
 dV over the Dk tiles, so all three are fp32 buffers that the host zeroes, the kernel adds into with
 atomics, and the host casts after. Loads are element-wise copies that read zeros past S
 and past the head dims (tiles are padded to multiples of 16); stores and atomics past them are
-skipped: any S, Dk, Dv work."""
+skipped: any S, Dk, Dv work. (Element-wise loads also suit the symbolic seq_len: a TMA copy needs
+16-byte aligned strides, and the batch stride seq_len * heads * D is not known to be.)"""
 
 import tilelang
 import tilelang.language as T
@@ -45,15 +47,19 @@ def tile_width(dim, block):
     return min(block, padded(dim))
 
 
+def runtime_dims():
+    """batch and seq_len as symbolic dims: a new batch or sequence length compiles nothing."""
+    return T.dynamic("batch"), T.dynamic("seq_len")
+
+
 @tilelang.jit(pass_configs=PASS_CONFIGS)
-def linear_attention_fwd(
-    batch, seq_len, heads, dim_k, dim_v, dtype, scale, chunk, block_dv, threads, num_stages
-):
+def linear_attention_fwd(heads, dim_k, dim_v, dtype, scale, chunk, block_dv, threads, num_stages):
     """O = scale * (mask(Q K^T) V + Q S) per chunk, S += K^T V (fp32 state, all of Dk, one Dv tile); O written once. Grid (ceildiv(dim_v, block_dv), batch * heads).
 
     Arguments Q, K [batch, seq_len, heads, dim_k], V [batch, seq_len, heads, dim_v], O (like V,
     written once per element): no out_idx, O is passed in.
     """
+    batch, seq_len = runtime_dims()
     dk = padded(dim_k)
     bv = tile_width(dim_v, block_dv)
 
@@ -106,24 +112,14 @@ def linear_attention_fwd(
 
 @tilelang.jit(pass_configs=PASS_CONFIGS)
 def linear_attention_bwd(
-    batch,
-    seq_len,
-    heads,
-    dim_k,
-    dim_v,
-    dtype,
-    scale,
-    chunk,
-    block_dk,
-    block_dv,
-    threads,
-    num_stages,
+    heads, dim_k, dim_v, dtype, scale, chunk, block_dk, block_dv, threads, num_stages
 ):
     """dQ over the chunks forward (state V^T K), then dK and dV in reverse (state Q^T dO), one Dk x Dv tile a block; fp32 atomic adds into zeroed dQ, dK, dV. Grid (ceildiv(dim_v, block_dv), ceildiv(dim_k, block_dk), batch * heads).
 
     Arguments Q, K, V, dO (the dtype) and dQ, dK, dV (fp32, zeroed by the caller: the kernel adds
     into them; launching it twice into the same buffers doubles them). No out_idx.
     """
+    batch, seq_len = runtime_dims()
     bk = tile_width(dim_k, block_dk)
     bv = tile_width(dim_v, block_dv)
     chunks = T.ceildiv(seq_len, chunk)

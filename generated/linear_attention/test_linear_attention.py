@@ -225,6 +225,17 @@ def compile_case():
     return linear_attention, inputs, do, DTYPES[0]
 
 
+def length_cases():
+    """(function, inputs, do) of one variant (the tail shape's heads and head dims, the first dtype)
+    at several batch sizes and sequence lengths, odd ones included: both are symbolic."""
+    _, _, heads, dim_k, dim_v = TAIL_SHAPE
+    calls = []
+    for batch, seq_len in ((1, 64), (2, 77), (1, 333), (3, 1000), (1, 1), (2, 129)):
+        inputs, do = make_inputs((batch, seq_len, heads, dim_k, dim_v), DTYPES[0])
+        calls.append((linear_attention, inputs, do))
+    return calls
+
+
 def opcheck_cases():
     """(op, args) for opcheck: the forward op on inputs requiring grad, the backward op on detached
     ones. opcheck compares repeated runs with assert_close's default tolerances: the order of the
@@ -248,6 +259,54 @@ def test_torch_compile_fullgraph():
     assert_scaled_close("compiled output", out, eager_out, dtype)
     for name in eager:
         assert_scaled_close(f"compiled d{name}", compiled[name], eager[name], dtype)
+
+
+@requires_cuda
+def test_cuda_graph_replays_forward_and_backward():
+    """fwd+bwd captured in one CUDA graph and replayed on new input values gives what an eager
+    call on those values gives: no host sync, no allocation outside the graph's pool, every launch
+    on the capturing stream."""
+    fn, inputs, grad_out, dtype = compile_case()
+    static = {
+        name: t.detach().clone().requires_grad_(t.requires_grad) for name, t in inputs.items()
+    }
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up (build the kernels) outside the capture
+        for _ in range(2):
+            fn(*static.values()).backward(grad_out)
+    torch.cuda.current_stream().wait_stream(stream)
+    for t in static.values():
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*static.values())
+        out.backward(grad_out)
+    for name, t in static.items():  # new values into the captured inputs
+        with torch.no_grad():
+            t.copy_(inputs[name].detach().flip(0) if t.dim() else inputs[name].detach())
+    graph.replay()
+    torch.cuda.synchronize()
+    fresh = {name: t.detach().clone().requires_grad_(t.requires_grad) for name, t in static.items()}
+    want = fn(*fresh.values())
+    want.backward(grad_out)
+    assert_scaled_close("replayed output", out, want, dtype)
+    for name, t in fresh.items():
+        if t.grad is not None:
+            assert_scaled_close(f"replayed d{name}", static[name].grad, t.grad, dtype)
+
+
+@requires_cuda
+def test_new_lengths_compile_nothing():
+    """Batch and sequence length are symbolic in the kernels: after the first call, fwd+bwd at
+    other sizes (odd ones included) builds no kernel."""
+    calls = length_cases()
+    assert len(calls) >= 4
+    counts = []
+    for fn, inputs, grad_out in calls:
+        fn(*inputs.values()).backward(grad_out)
+        counts.append(len(autograd.KERNELS))
+    assert counts[1:] == counts[:1] * (len(counts) - 1), f"kernels built per new size: {counts}"
 
 
 @requires_cuda

@@ -3,6 +3,7 @@
 """Autograd of `matmul` as torch.library custom ops: input checks, buffers, kernel phases."""
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .kernels import (
     FWD_TILING,
@@ -25,6 +26,27 @@ BIAS = True
 # Every tensor the kernels read must start on a 16-byte boundary: TMA and 16-byte vector loads
 # assume it (a contiguous view at an odd storage offset does not).
 ALIGNMENT = 16
+# Compiled kernels by factory and arguments. Each entry is the kernel's compiled entry point: it
+# checks every argument's shape, dtype and device, binds the symbolic dims and launches on the
+# current stream. Calling it directly saves the ~20 us of host time that TileLang's Python
+# wrapper and its factory lookup add to every launch.
+KERNELS = {}
+
+
+def kernel(factory, *args, **tiling):
+    """The compiled kernel of factory(*args, **tiling), built on first use."""
+    key = (id(factory), args, tuple(tiling.values()))  # a JITImpl does not hash
+    entry = KERNELS.get(key)
+    if entry is None:
+        entry = KERNELS[key] = entry_point(factory(*args, **tiling))
+    return entry
+
+
+def entry_point(compiled):
+    adapter = compiled.adapter
+    if not hasattr(adapter, "get_exportable_executable"):
+        return compiled  # another TileLang execution backend: its own call
+    return adapter.get_exportable_executable().jit().get_function("main")
 
 
 def check_inputs(a, b, bias):
@@ -105,7 +127,8 @@ def run_forward(a, b, bias):
         # No kernel for empty work: a sum over K = 0 products is zeros (+ bias); M or N 0, empty.
         c = torch.zeros((*a.shape[:-1], n), dtype=a.dtype, device=a.device)
         return c if bias is None else c.add_(bias)
-    fwd = matmul_fwd(m, n, k, DTYPE_NAMES[a.dtype], bias is not None, **FWD_TILING)
+    # m is symbolic in the kernel: one build per (n, k, dtype, bias) serves every m.
+    fwd = kernel(matmul_fwd, n, k, DTYPE_NAMES[a.dtype], bias is not None, **FWD_TILING)
     # Written once per element. Allocated in its final shape: a custom op must not return a view.
     c = torch.empty((*a.shape[:-1], n), dtype=a.dtype, device=a.device)
     fwd(a.view(m, k), b, *([] if bias is None else [bias]), c.view(m, n))
@@ -119,7 +142,7 @@ def run_da(dc, b, a_shape):
         # No kernel for empty work: a sum over N = 0 products is zeros; M or K 0, empty.
         return torch.zeros(a_shape, dtype=dc.dtype, device=dc.device)
     da = torch.empty(a_shape, dtype=dc.dtype, device=dc.device)
-    matmul_bwd_da(m, n, k, DTYPE_NAMES[dc.dtype], **DA_TILING)(dc, b, da.view(m, k))
+    kernel(matmul_bwd_da, n, k, DTYPE_NAMES[dc.dtype], **DA_TILING)(dc, b, da.view(m, k))
     return da
 
 
@@ -130,7 +153,7 @@ def run_db(a2, dc):
         # No kernel for empty work: a sum over M = 0 rows is zeros; K or N 0, empty.
         return torch.zeros((k, n), dtype=dc.dtype, device=dc.device)
     db = torch.empty((k, n), dtype=dc.dtype, device=dc.device)
-    matmul_bwd_db(m, n, k, DTYPE_NAMES[dc.dtype], **DB_TILING)(a2, dc, db)
+    kernel(matmul_bwd_db, n, k, DTYPE_NAMES[dc.dtype], **DB_TILING)(a2, dc, db)
     return db
 
 
@@ -141,7 +164,7 @@ def dbias_partials(dc):
     partials = torch.empty(
         dbias_partials_shape(m, n, block_m), dtype=torch.float32, device=dc.device
     )
-    matmul_bwd_dbias(m, n, DTYPE_NAMES[dc.dtype], **DBIAS_TILING)(dc, partials)
+    kernel(matmul_bwd_dbias, n, DTYPE_NAMES[dc.dtype], **DBIAS_TILING)(dc, partials)
     return partials
 
 
@@ -154,6 +177,27 @@ def run_dbias(dc):
     return dbias_partials(dc).sum(0).to(dc.dtype)
 
 
+def forward(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """C [..., M, N] in a's dtype."""
+    check_aligned(a, b, bias)
+    return run_forward(a, b, bias)
+
+
+def da_phase(dc: torch.Tensor, b: torch.Tensor, a_shape: list[int]) -> torch.Tensor:
+    """dA of shape a_shape from dc [M, N] (any alignment: copied only then) and b [K, N]."""
+    return run_da(dense(dc), b, a_shape)
+
+
+def db_phase(a2: torch.Tensor, dc: torch.Tensor) -> torch.Tensor:
+    """dB [K, N] from a2 [M, K] and dc [M, N] (any alignment: copied only then)."""
+    return run_db(a2, dense(dc))
+
+
+def dbias_phase(dc: torch.Tensor) -> torch.Tensor:
+    """dbias [N] in dc's dtype from dc [M, N] (any alignment: copied only then)."""
+    return run_dbias(dense(dc))
+
+
 # The autograd formula as torch.library custom ops, one per kernel:
 #     opgen::matmul_fwd
 #     opgen::matmul_bwd_da
@@ -163,11 +207,10 @@ def run_dbias(dc):
 # Every launch and the buffers around it are inside an op: the backward formula is traced with
 # fake tensors, which have no data for a kernel. One op per backward product, so the backward
 # launches only the GEMMs autograd asks for.
-@torch.library.custom_op("opgen::matmul_fwd", mutates_args=())
-def forward_op(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """C [..., M, N] in a's dtype."""
-    check_aligned(a, b, bias)
-    return run_forward(a, b, bias)
+forward_op = torch.library.custom_op("opgen::matmul_fwd", forward, mutates_args=())
+da_op = torch.library.custom_op("opgen::matmul_bwd_da", da_phase, mutates_args=())
+db_op = torch.library.custom_op("opgen::matmul_bwd_db", db_phase, mutates_args=())
+dbias_op = torch.library.custom_op("opgen::matmul_bwd_dbias", dbias_phase, mutates_args=())
 
 
 @forward_op.register_fake
@@ -175,32 +218,14 @@ def _(a, b, bias):
     return a.new_empty((*a.shape[:-1], b.shape[1]))
 
 
-@torch.library.custom_op("opgen::matmul_bwd_da", mutates_args=())
-def da_op(dc: torch.Tensor, b: torch.Tensor, a_shape: list[int]) -> torch.Tensor:
-    """dA of shape a_shape from dc [M, N] (any alignment: copied only then) and b [K, N]."""
-    return run_da(dense(dc), b, a_shape)
-
-
 @da_op.register_fake
 def _(dc, b, a_shape):
     return dc.new_empty(a_shape)
 
 
-@torch.library.custom_op("opgen::matmul_bwd_db", mutates_args=())
-def db_op(a2: torch.Tensor, dc: torch.Tensor) -> torch.Tensor:
-    """dB [K, N] from a2 [M, K] and dc [M, N] (any alignment: copied only then)."""
-    return run_db(a2, dense(dc))
-
-
 @db_op.register_fake
 def _(a2, dc):
     return dc.new_empty((a2.shape[1], dc.shape[1]))
-
-
-@torch.library.custom_op("opgen::matmul_bwd_dbias", mutates_args=())
-def dbias_op(dc: torch.Tensor) -> torch.Tensor:
-    """dbias [N] in dc's dtype from dc [M, N] (any alignment: copied only then)."""
-    return run_dbias(dense(dc))
 
 
 @dbias_op.register_fake
@@ -214,15 +239,19 @@ def setup_context(ctx, inputs, output):
     ctx.save_for_backward(a, b)
 
 
-def backward(ctx, dc):
+# The phases backward() calls: the custom ops here, their Python functions on the eager path.
+OP_PHASES = {"da": da_op, "db": db_op, "dbias": dbias_op}
+
+
+def backward(ctx, dc, phases=OP_PHASES):
     a, b = ctx.saved_tensors
     # An expanded (stride-0) or strided dC is copied once here, for every product.
     dc = dc.to(a.dtype).contiguous().flatten(0, -2)
     # Only the gradients autograd asks for (a frozen weight b costs no dB GEMM).
-    da = da_op(dc, b, list(a.shape)) if ctx.needs_input_grad[0] else None
-    db = db_op(a.flatten(0, -2), dc) if ctx.needs_input_grad[1] else None
+    da = phases["da"](dc, b, list(a.shape)) if ctx.needs_input_grad[0] else None
+    db = phases["db"](a.flatten(0, -2), dc) if ctx.needs_input_grad[1] else None
     # needs_input_grad[2] is False when bias is None.
-    dbias = dbias_op(dc) if ctx.needs_input_grad[2] else None
+    dbias = phases["dbias"](dc) if ctx.needs_input_grad[2] else None
     # One gradient per forward input.
     return da, db, dbias
 
@@ -230,10 +259,36 @@ def backward(ctx, dc):
 forward_op.register_autograd(backward, setup_context=setup_context)
 
 
+# Eagerly on CUDA tensors the formula runs as a plain autograd.Function that calls the phases'
+# Python functions: the dispatch of a torch.library op costs more host time than its kernels take
+# at small shapes. torch.compile, torch.export, fake tensors and tensor subclasses take the ops.
+EAGER_PHASES = {"da": da_phase, "db": db_phase, "dbias": dbias_phase}
+
+
+class EagerFunction(torch.autograd.Function):
+    forward = staticmethod(forward)
+    setup_context = staticmethod(setup_context)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return backward(ctx, *grads, phases=EAGER_PHASES)
+
+
+def eager(t):
+    """Whether a call with first tensor t runs EagerFunction (else the custom op)."""
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.is_cuda
+        and not torch.compiler.is_compiling()
+        and _get_current_dispatch_mode() is None
+    )
+
+
 def apply_op(a, b, bias):
-    """C from the custom ops, with or without a bias, without the input checks of matmul()
-    (but for alignment, which the forward op checks)."""
-    return forward_op(a, b, bias)
+    """C by the formula above, with or without a bias, without the input checks of matmul()
+    (but for alignment, which the forward checks)."""
+    function = EagerFunction.apply if eager(a) else forward_op
+    return function(a, b, bias)
 
 
 def matmul(a, b, bias):

@@ -2,10 +2,11 @@
 # Edit the spec and run `opgen build specs/matmul.toml` instead.
 """TileLang kernels of `matmul`: C = A @ B (+ bias), one @tilelang.jit factory per phase.
 
-Every factory takes the problem's m, n, k (A [m, k], B [k, n], C [m, n], all row-major) and its
-tiling, so one module serves every runtime shape; TileLang compiles and caches one kernel per
-argument set. The three GEMMs share one body (`_gemm`) and differ in which operand is read
-transposed, straight from its row-major tensor (no host transposes):
+A [m, k], B [k, n], C [m, n], all row-major. Every factory takes n, k, the dtype and its tiling;
+m (the rows of A and C: a batch times a sequence length in a model) is symbolic, bound from the
+tensors at each call, so one compiled kernel per (n, k, dtype) serves every m. Every buffer,
+outputs included, is passed in. The three GEMMs share one body (`_gemm`) and differ in which
+operand is read transposed, straight from its row-major tensor (no host transposes):
 
     fwd: C  [m, n] = A  [m, k] @ B  [k, n]
     dA:  dA [m, k] = dC [m, n] @ B^T     (B's [k, n] tiles read as [n, k]: transpose_B)
@@ -13,7 +14,8 @@ transposed, straight from its row-major tensor (no host transposes):
 
 Each block computes one tile of its output over the whole reduction, accumulating in fp32, and
 writes it once. Loads past the edges read zeros (TMA zero-fills; where a row is not 16-byte aligned
-TileLang emits guarded loads instead), stores past them are skipped: any m, n, k work."""
+TileLang emits guarded loads instead), stores past them are skipped: any m, n, k work. A symbolic
+m is an outer dim (a row count) or a reduction length, never a row stride, so the TMA paths stay."""
 
 import tilelang
 import tilelang.language as T
@@ -22,6 +24,12 @@ ACCUM = "float32"
 # Blocks run in panels of this many tile columns (threadblock swizzle): blocks that run together
 # share A and B tiles in L2.
 SWIZZLE_PANEL = 10
+
+
+def runtime_rows():
+    """m, the rows of A, C and dC, as a symbolic dim: a new m compiles nothing."""
+    return T.dynamic("m")
+
 
 # Tiling per phase, from the spec's [tiling] tables. GEMMs: a block_m x block_n tile of the
 # phase's output, block_k along its reduction.
@@ -109,29 +117,33 @@ def _gemm(
 
 
 @tilelang.jit
-def matmul_fwd(m, n, k, dtype, bias, block_m, block_n, block_k, threads, num_stages):
+def matmul_fwd(n, k, dtype, bias, block_m, block_n, block_k, threads, num_stages):
     """C [M, N] = A [M, K] @ B [K, N] (+ bias [N]), fp32 accumulation, one cast. Grid (ceildiv(n, block_n), ceildiv(m, block_m)).
 
     Arguments A [m, k], B [k, n], Bias [n] (only with bias), C [m, n]: no out_idx, C is passed in.
     """
+    m = runtime_rows()
     return _gemm(m, n, k, False, False, dtype, bias, block_m, block_n, block_k, threads, num_stages)
 
 
 @tilelang.jit
-def matmul_bwd_da(m, n, k, dtype, block_m, block_n, block_k, threads, num_stages):
+def matmul_bwd_da(n, k, dtype, block_m, block_n, block_k, threads, num_stages):
     """dA [M, K] = dC [M, N] @ B^T: B's [K, N] tiles read transposed (transpose_B). Grid (ceildiv(k, block_n), ceildiv(m, block_m)).
 
     Arguments dC [m, n], B [k, n], dA [m, k]: a GEMM with rows m, cols k, reduction n.
     """
+    m = runtime_rows()
     return _gemm(m, k, n, False, True, dtype, False, block_m, block_n, block_k, threads, num_stages)
 
 
 @tilelang.jit
-def matmul_bwd_db(m, n, k, dtype, block_m, block_n, block_k, threads, num_stages):
+def matmul_bwd_db(n, k, dtype, block_m, block_n, block_k, threads, num_stages):
     """dB [K, N] = A^T @ dC [M, N]: A's [M, K] tiles read transposed (transpose_A). Grid (ceildiv(n, block_n), ceildiv(k, block_m)).
 
-    Arguments A [m, k], dC [m, n], dB [k, n]: a GEMM with rows k, cols n, reduction m.
+    Arguments A [m, k], dC [m, n], dB [k, n]: a GEMM with rows k, cols n, reduction m (symbolic:
+    the number of pipelined steps is known only at the call; the grid is not).
     """
+    m = runtime_rows()
     return _gemm(k, n, m, True, False, dtype, False, block_m, block_n, block_k, threads, num_stages)
 
 
@@ -142,17 +154,21 @@ def dbias_partials_shape(m, n, block_m):
 
 
 @tilelang.jit
-def matmul_bwd_dbias(m, n, dtype, block_m, block_n, threads):
+def matmul_bwd_dbias(n, dtype, block_m, block_n, threads):
     """dbias partials: fp32 column sums of dC, one per block_m rows. Grid (ceildiv(n, block_n), ceildiv(m, block_m)).
 
     Arguments dC [m, n] and the fp32 partials of `dbias_partials_shape`. Elements past the edges
     add nothing; columns past n are not stored.
     """
+    m = runtime_rows()
+    # The partials' row count ceildiv(m, block_m) is its own symbol: TVM cannot solve it for m
+    # when it binds the shapes of a call. The caller allocates dbias_partials_shape rows.
+    row_blocks = T.dynamic("row_blocks")
 
     @T.prim_func
     def bwd_dbias(
         dC: T.Tensor([m, n], dtype),
-        Partials: T.Tensor(dbias_partials_shape(m, n, block_m), ACCUM),
+        Partials: T.Tensor([row_blocks, n], ACCUM),
     ):
         with T.Kernel(T.ceildiv(n, block_n), T.ceildiv(m, block_m), threads=threads) as (bx, by):
             terms = T.alloc_fragment([block_m, block_n], ACCUM)

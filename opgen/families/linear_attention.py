@@ -331,12 +331,13 @@ def _scale(spec: Spec, dim_k: int) -> float:
 
 
 def _compile_jobs(spec: Spec, kernels: dict[str, KernelPlan]) -> tuple[CompileJob, ...]:
-    """Every kernel instance the generated tests launch (each test shape, each dtype: fwd and
-    bwd), then the benchmark's shapes in its dtype."""
+    """Every kernel variant the generated tests launch (each test shape, each dtype: fwd and
+    bwd), then the benchmark's shapes in its dtype. batch and seq_len are symbolic in the kernels,
+    so a variant is (heads, dim_k, dim_v, dtype, scale); one two shapes share is built once."""
 
     def jobs_for(s: Shape, dtype: str, tag: str):
-        args = (*s.args, dtype, _scale(spec, s.dim_k))
-        size = "x".join(map(str, s.args))
+        args = (s.heads, s.dim_k, s.dim_v, dtype, _scale(spec, s.dim_k))
+        size = f"h{s.heads} dk{s.dim_k} dv{s.dim_v}"
         for key in ("fwd", "bwd"):
             k = kernels[key]
             yield CompileJob(k.factory, args, k.tiling, f"{key} {dtype} {size}{tag}")
@@ -347,7 +348,12 @@ def _compile_jobs(spec: Spec, kernels: dict[str, KernelPlan]) -> tuple[CompileJo
             jobs += jobs_for(s, dtype, "")
     for s in spec.bench.shapes:
         jobs += jobs_for(s, spec.bench.dtype, " (bench)")
-    return tuple(jobs)
+    seen, unique = set(), []
+    for job in jobs:
+        if (job.factory, job.args) not in seen:
+            seen.add((job.factory, job.args))
+            unique.append(job)
+    return tuple(unique)
 
 
 def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:

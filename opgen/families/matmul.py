@@ -352,32 +352,37 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
 
 
 def _compile_jobs(spec, kernels, tail_case, bias_variants) -> tuple[CompileJob, ...]:
-    """Every kernel variant the package launches: per dtype at the tail shape (its loads guarded,
-    TMA only where a row is 16-byte aligned), fwd with each bias variant the tests run, dA, dB and
-    dbias; then the benchmark's shapes in its dtype with the spec's bias (block-aligned: the
-    all-TMA, warp-specialized path)."""
+    """Every kernel variant the package launches. m is symbolic in the kernels, so a variant is
+    (n, k, dtype, bias): per dtype at the tail shape's n, k (its loads guarded, TMA only where a
+    row is 16-byte aligned), fwd with each bias variant the tests run, dA, dB and dbias; then the
+    benchmark's n, k in its dtype with the spec's bias (block-aligned rows: the all-TMA path).
+    A variant two shapes share is built once."""
 
     def jobs_for(s, dtype, fwd_biases, tag):
-        size = f"{s.m}x{s.n}x{s.k}"
+        size = f"n={s.n} k={s.k}"
         for with_bias in fwd_biases:
             k = kernels["fwd"]
-            yield CompileJob(k.factory, (s.m, s.n, s.k, dtype, with_bias), k.tiling,
+            yield CompileJob(k.factory, (s.n, s.k, dtype, with_bias), k.tiling,
                              f"fwd {dtype} {size} bias={with_bias}{tag}")
         for key in ("da", "db"):
             k = kernels[key]
-            yield CompileJob(k.factory, (s.m, s.n, s.k, dtype), k.tiling,
+            yield CompileJob(k.factory, (s.n, s.k, dtype), k.tiling,
                              f"{k.factory.removeprefix(spec.name + '_')} {dtype} {size}{tag}")
         if "dbias" in kernels:
             k = kernels["dbias"]
-            yield CompileJob(k.factory, (s.m, s.n, dtype), k.tiling,
-                             f"bwd_dbias {dtype} {s.m}x{s.n}{tag}")
+            yield CompileJob(k.factory, (s.n, dtype), k.tiling, f"bwd_dbias {dtype} n={s.n}{tag}")
 
     jobs = []
     for dtype in spec.dtypes:
         jobs += jobs_for(tail_case, dtype, bias_variants, "")
     for s in spec.bench.shapes:
         jobs += jobs_for(s, spec.bench.dtype, (spec.matmul.bias,), " (bench)")
-    return tuple(jobs)
+    seen, unique = set(), []
+    for job in jobs:
+        if (job.factory, job.args) not in seen:
+            seen.add((job.factory, job.args))
+            unique.append(job)
+    return tuple(unique)
 
 
 def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
