@@ -349,6 +349,12 @@ def bytes_bench_cases(bench: Any, weight_dtype_choice: str,
     )
 
 
+# The generated tests run both choices of a tensor the spec saves or recomputes (their RSTD and
+# SIGMOID cases, written in the test templates): the compile jobs of the tested variants cover
+# both too.
+TESTED_SAVES = (False, True)
+
+
 def saved_aux_jobs(kernels: dict[str, KernelPlan], args: tuple, saves: tuple[bool, ...],
                    reductions: tuple[str, ...], aux: str, size: str, tag: str
                    ) -> Iterator[CompileJob]:

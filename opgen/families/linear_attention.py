@@ -304,7 +304,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         tail_case=tail_case,
         bench_cases=tuple(BenchCase(s, *flops(*s.args, t.fwd.chunk)) for s in spec.bench.shapes),
         bench_chunk=t.fwd.chunk,
-        compile_jobs=_compile_jobs(spec, kernels),
+        compile_jobs=_compile_jobs(spec, kernels, test_cases),
     )
 
 
@@ -312,9 +312,10 @@ def _scale(spec: Spec, dim_k: int) -> float:
     return dim_k ** -0.5 if spec.linear_attention.scale == "rsqrt_dk" else 1.0
 
 
-def _compile_jobs(spec: Spec, kernels: dict[str, KernelPlan]) -> tuple[CompileJob, ...]:
-    """Every kernel instance the generated tests launch (each test shape, each dtype: fwd and
-    bwd), then the benchmark's shapes in its dtype."""
+def _compile_jobs(spec: Spec, kernels: dict[str, KernelPlan], test_cases: tuple[Shape, ...]
+                  ) -> tuple[CompileJob, ...]:
+    """Every kernel instance the generated tests launch (each of the plan's test cases, each
+    dtype: fwd and bwd), then the benchmark's shapes in its dtype."""
 
     def jobs_for(s: Shape, dtype: str, tag: str):
         args = (*s.args, dtype, _scale(spec, s.dim_k))
@@ -325,7 +326,7 @@ def _compile_jobs(spec: Spec, kernels: dict[str, KernelPlan]) -> tuple[CompileJo
 
     jobs = []
     for dtype in spec.dtypes:
-        for s in spec.test.shapes:
+        for s in test_cases:
             jobs += jobs_for(s, dtype, "")
     for s in spec.bench.shapes:
         jobs += jobs_for(s, spec.bench.dtype, " (bench)")

@@ -24,10 +24,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from opgen.families.contract import Family, scaffold
-from opgen.plan import (DTYPE_BYTES, SM90_SMEM_LIMIT, CompileJob, SavedAuxPlan, SourceInfo, Table,
-                        bytes_moved_table, ceildiv, explain_tables, format_bytes, kernel_plan,
-                        not_positive, refuse_shape, saved_aux_fields, saved_aux_jobs, weight_dtype,
-                        weight_grads_table, weighted_bytes_moved)
+from opgen.plan import (DTYPE_BYTES, SM90_SMEM_LIMIT, TESTED_SAVES, CompileJob, SavedAuxPlan,
+                        SourceInfo, Table, bytes_moved_table, ceildiv, explain_tables, format_bytes,
+                        kernel_plan, not_positive, refuse_shape, saved_aux_fields, saved_aux_jobs,
+                        weight_dtype, weight_grads_table, weighted_bytes_moved)
 from opgen.spec import (BenchSection, Block, MatrixShape, PositiveInt, RowBlock, StrictModel,
                         TensorShape, TestSection, Threads, WeightGrads, family_spec, shapes_of,
                         too_few_elements, too_many_elements, untested_tail)
@@ -266,7 +266,7 @@ def _compile_jobs(spec, kernels, tail_case, test_reductions) -> tuple[CompileJob
     rows, cols = matrix(tail_case.shape)
     jobs = []
     for dtype in spec.dtypes:
-        jobs += jobs_for(rows, cols, dtype, (False, True), test_reductions, "")
+        jobs += jobs_for(rows, cols, dtype, TESTED_SAVES, test_reductions, "")
     spec_choice = ((save_default,), (spec.grads.dw.reduction,))
     for shape in spec.bench.shapes:
         jobs += jobs_for(shape.rows, shape.channels, spec.bench.dtype, *spec_choice, " (bench)")

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from opgen.families.contract import Family, scaffold
-from opgen.plan import (DTYPE_BYTES, CompileJob, SavedAuxPlan, SourceInfo, Table, bytes_moved_table,
-                        ceildiv, explain_tables, kernel_plan, not_positive, refuse_shape,
-                        saved_aux_fields, saved_aux_jobs, weight_dtype, weight_grads_table,
-                        weighted_bytes_moved)
+from opgen.plan import (DTYPE_BYTES, TESTED_SAVES, CompileJob, SavedAuxPlan, SourceInfo, Table,
+                        bytes_moved_table, ceildiv, explain_tables, kernel_plan, not_positive,
+                        refuse_shape, saved_aux_fields, saved_aux_jobs, weight_dtype,
+                        weight_grads_table, weighted_bytes_moved)
 from opgen.spec import (BenchSection, Block, MatrixShape, SavedSigmoid, StrictModel, TensorShape,
                         TestSection, Threads, WeightGrads, family_spec, shapes_of, too_few_elements,
                         too_many_elements, untested_tail)
@@ -248,7 +248,7 @@ def _compile_jobs(spec, kernels, tail_case, test_reductions) -> tuple[CompileJob
     rows, cols = matrix(weight, tail_case.shape)
     jobs = []
     for dtype in spec.dtypes:
-        jobs += jobs_for(rows, cols, dtype, (False, True), test_reductions, "")
+        jobs += jobs_for(rows, cols, dtype, TESTED_SAVES, test_reductions, "")
     for shape in spec.bench.shapes:
         b_rows, b_cols = matrix(weight, (shape.rows, shape.channels))
         jobs += jobs_for(b_rows, b_cols, spec.bench.dtype, (save_default,),

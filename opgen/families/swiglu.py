@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from opgen.families.contract import Family, scaffold
-from opgen.plan import (DTYPE_BYTES, BytesBenchCase, CompileJob, GradPlan, PlanBase, ShapeCase,
-                        SourceInfo, Table, base_fields, ceildiv, explain_tables, format_bytes,
-                        kernel_plan, not_positive, refuse_shape)
+from opgen.plan import (DTYPE_BYTES, TESTED_SAVES, BytesBenchCase, CompileJob, GradPlan, PlanBase,
+                        ShapeCase, SourceInfo, Table, base_fields, ceildiv, explain_tables,
+                        format_bytes, kernel_plan, not_positive, refuse_shape)
 from opgen.spec import (BenchSection, Block, DirectGrad, MatrixShape, RowBlock, SavedSigmoid,
                         StrictModel, TensorShape, TestSection, Threads, family_spec, shapes_of,
                         untested_tail)
@@ -209,7 +209,7 @@ def _compile_jobs(spec, kernels, tail_case, fused) -> tuple[CompileJob, ...]:
     layouts = (halves,) if fused else (contiguous, halves)
     jobs = []
     for dtype in spec.dtypes:
-        jobs += jobs_for(rows, cols, dtype, (False, True), layouts, "")
+        jobs += jobs_for(rows, cols, dtype, TESTED_SAVES, layouts, "")
     for shape in spec.bench.shapes:
         c = shape.channels
         bench_layout = ((2 * c, 2 * c, 2 * c), "fused") if fused else ((c, c, c), "contiguous")
