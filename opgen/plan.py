@@ -17,6 +17,7 @@ from opgen.spec import BenchSection, ReductionKind, Tolerance
 # sm_90 (H100/H200): 227 KB of dynamic shared memory per block.
 SM90_SMEM_LIMIT = 227 * 1024
 
+
 TORCH_DTYPES = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float32": "torch.float32"}
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 # The torch.library namespace of every generated custom op: torch.ops.opgen.<name>_<phase>.
@@ -35,6 +36,15 @@ def ceildiv(a: int, b: int) -> int:
 def whole_kib(nbytes: int) -> int:
     """nbytes rounded up to whole KiB: TileLang aligns TMA and swizzled shared buffers."""
     return ceildiv(nbytes, 1024) * 1024
+
+
+def over_smem_limit(need: int, at: str, lower: str, about: bool = True) -> str | None:
+    """For a family's rules: why a kernel that needs `need` bytes of shared memory (an estimate:
+    "about") at `at` (" at head_dim 64", or "") cannot run on sm_90, and what to `lower`."""
+    if need <= SM90_SMEM_LIMIT:
+        return None
+    return (f"needs {'about ' if about else ''}{need // 1024} KB of shared memory{at}, over the "
+            f"sm_90 limit of {SM90_SMEM_LIMIT // 1024} KB; lower {lower}")
 
 
 @dataclass(frozen=True)
@@ -206,6 +216,21 @@ def not_positive(sizes: dict[str, int]) -> list[str]:
     return [f"{', '.join(rest)} and {last} must be >= 1" if rest else f"{last} must be >= 1"]
 
 
+def explain_tables(p: PlanBase, shape: str, grids: dict[str, tuple[int, ...]],
+                   sizes: dict[str, int], recomputed_how: str, grads: Table, cost: Table,
+                   kernel_column: tuple[str, dict[str, str]] | None = None) -> list[Table]:
+    """What `explain` prints, in the order of every family: the runtime shape (a title alone),
+    the kernels with their grids there (and kernel_column), what the forward saves (sizes: bytes
+    per tensor), the gradient buffers, and what the benchmark divides by (FLOPs or bytes)."""
+    return [
+        (f"shape: {shape}", []),
+        kernels_table(p.kernels, grids, kernel_column),
+        saved_table(p, sizes, recomputed_how),
+        grads,
+        cost,
+    ]
+
+
 def kernels_table(kernels: dict[str, KernelPlan], grids: dict[str, tuple[int, ...]],
                   extra: tuple[str, dict[str, str]] | None = None) -> Table:
     """Each kernel with its grid at the shape, its tiling, an optional extra column (title,
@@ -322,6 +347,12 @@ def bytes_bench_cases(bench: Any, weight_dtype_choice: str,
                                                                  w_numel(s.channels), elem, w_elem))
         for s in bench.shapes
     )
+
+
+# The generated tests run both choices of a tensor the spec saves or recomputes (their RSTD and
+# SIGMOID cases, written in the test templates): the compile jobs of the tested variants cover
+# both too.
+TESTED_SAVES = (False, True)
 
 
 def saved_aux_jobs(kernels: dict[str, KernelPlan], args: tuple, saves: tuple[bool, ...],

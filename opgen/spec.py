@@ -27,7 +27,7 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Iterable, Literal, get_origin
+from typing import Annotated, Any, Callable, ClassVar, Iterable, Iterator, Literal, get_origin
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model,
                       model_validator)
@@ -101,6 +101,8 @@ def _module_kind(name: str) -> str | None:
 
 Identifier = Annotated[str, AfterValidator(check_identifier)]
 Block = Annotated[int, _power_of_two(16)]
+# A block's rows in a row-wise phase: one row a block is allowed.
+RowBlock = Annotated[int, _power_of_two(1)]
 Threads = Annotated[int, Field(ge=32, le=1024, multiple_of=32)]
 Stages = Annotated[int, Field(ge=0, le=4)]
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -135,13 +137,23 @@ DEFAULT_TOLERANCES = {
 
 
 class TestSection(StrictModel):
-    """[test] keys every family shares; families add their `shapes`."""
+    """[test] keys every family shares; a family's [test] adds its `shapes` (TestSection.of)."""
 
     default_tolerances: ClassVar[dict[str, Tolerance]] = DEFAULT_TOLERANCES
     tolerance: dict[Dtype, Tolerance] = {}
 
     def tolerance_for(self, dtype: str) -> Tolerance:
         return self.tolerance.get(dtype, self.default_tolerances[dtype])
+
+    @classmethod
+    def of(cls, shape: Any, shapes: tuple, tolerances: dict[str, Tolerance] = DEFAULT_TOLERANCES,
+           **keys: tuple[Any, Any]) -> type[TestSection]:
+        """A family's [test] model: `shapes`, each a `shape` (default `shapes`), the family's
+        per-dtype tolerance defaults, and any keys of its own (key=(type, default))."""
+        model = create_model("TestSection_of_family", __base__=cls,
+                             shapes=(tuple[shape, ...], shapes), **keys)
+        model.default_tolerances = tolerances
+        return model
 
 
 # How a gradient is reduced into its buffer: written once per element, fp32 atomic adds into a
@@ -168,6 +180,15 @@ class AtomicOrSplitGrad(StrictModel):
     reduction: Literal["atomic", "split"] = "atomic"
 
 
+class SavedSigmoid(StrictModel):
+    """[saved] of an op whose backward needs sigmoid of an input: recompute (the forward saves the
+    inputs only; the backward computes sigmoid again, a few FLOPs per element) or save (the
+    forward also writes it in fp32, 4 more bytes per element held between forward and backward,
+    no exp in the backward; in the input's dtype its rounding would show in the gradients)."""
+
+    sigmoid: Literal["recompute", "save"] = "recompute"
+
+
 class WeightGrads(StrictModel):
     """[grads] of an op of x and one learnable weight w: dx written once, dw reduced."""
 
@@ -176,11 +197,18 @@ class WeightGrads(StrictModel):
 
 
 class BenchSection(StrictModel):
-    """[bench] keys every family shares; families add their `shapes` and `dtype` (their
-    defaults differ), which the shared rules check."""
+    """[bench] keys every family shares; a family's [bench] adds its `shapes` and `dtype` (their
+    defaults differ; BenchSection.of), which the shared rules check."""
 
     warmup_ms: PositiveInt = 25
     rep_ms: PositiveInt = 100
+
+    @classmethod
+    def of(cls, shape: Any, shapes: tuple, dtype: str) -> type[BenchSection]:
+        """A family's [bench] model: `shapes`, each a `shape` (default `shapes`), timed in
+        `dtype` unless the spec says otherwise."""
+        return create_model("BenchSection_of_family", __base__=cls, dtype=(Dtype, dtype),
+                            shapes=(tuple[shape, ...], shapes))
 
 
 # A whole-spec rule: reads the spec, yields (field, message) for each problem it finds.
@@ -213,6 +241,17 @@ def bench_dtype_built(spec) -> Iterable[tuple[str, str]]:
         )
 
 
+def untested_tail(shapes: tuple, size: Callable[[Any], int], block: int, whose: str, which: str,
+                  example: str, tails: str) -> Iterator[tuple[str, str]]:
+    """For a family's rules: the problem of test shapes whose `size` (of a shape) is a multiple
+    of `block` in every one of them, so that no partial block, where guard bugs hide, is tested.
+    The message reads "add a shape whose <whose> not a multiple of <block> (<which>), e.g.
+    <example>: <tails> where guard bugs hide" (whose: "last dim (C) is"; tails: "tail rows are")."""
+    if shapes and block > 1 and all(size(s) % block == 0 for s in shapes):
+        yield "test.shapes", (f"add a shape whose {whose} not a multiple of {block} ({which}), "
+                              f"e.g. {example}: {tails} where guard bugs hide")
+
+
 SHARED_RULES: tuple[Rule, ...] = (dtypes_listed_once, tested_shapes_listed, bench_shapes_listed,
                                  bench_dtype_built)
 
@@ -221,6 +260,7 @@ class SpecBase(StrictModel):
     """Keys every family shares; family_spec() adds a family's sections (test and bench among
     them) and its rules."""
 
+    family_name: ClassVar[str]
     family_rules: ClassVar[tuple[Rule, ...]] = ()
 
     name: Identifier
@@ -233,13 +273,17 @@ class SpecBase(StrictModel):
         return SHARED_RULES + cls.family_rules
 
 
-def family_spec(family: str, rules: tuple[Rule, ...], **sections: type[BaseModel]
+def family_spec(family: str, rules: tuple[Rule, ...], *, tiling: dict[str, BaseModel],
+                test: type[TestSection], bench: type[BenchSection], **sections: type[BaseModel]
                 ) -> type[SpecBase]:
-    """A family's spec model: the shared keys, `family = "<family>"` and the family's sections,
-    each defaulting to its model's defaults; its whole-spec rules run after the shared ones."""
+    """A family's spec model: the shared keys, `family = "<family>"`, the family's own sections,
+    then [tiling] (a table per phase, defaulting to `tiling`), [test] and [bench]; each section
+    defaults to its model's defaults. Its whole-spec rules run after the shared ones."""
+    sections = {**sections, "tiling": tiling_section(f"{family}_tiling", tiling), "test": test,
+                "bench": bench}
     model = create_model(f"{family}_spec", __base__=SpecBase, family=(Literal[family], ...),
                          **{key: (section, section()) for key, section in sections.items()})
-    model.family_rules = rules
+    model.family_name, model.family_rules = family, rules
     return model
 
 
@@ -537,6 +581,23 @@ class RowTiling(StrictModel):
 
 
 WARPGROUP_THREADS = 128  # WGMMA: a warpgroup is 4 warps
+
+
+def too_few_elements(elements: int, threads: int) -> str | None:
+    """Why a block of `elements` leaves some of its `threads` threads without one, if it does."""
+    if elements < threads:
+        return (f"must be at least threads ({threads}): one element per thread or more "
+                f"(got {elements})")
+    return None
+
+
+def too_many_elements(elements: int, threads: int, per_thread: int, held: str) -> str | None:
+    """Why a block of `elements` does not fit its `threads` threads' registers, if it does not:
+    each thread holds `held` ("its fp32 terms") for at most `per_thread` elements."""
+    if elements > per_thread * threads:
+        return (f"must be at most {per_thread} x threads ({per_thread * threads}): each thread "
+                f"holds {held} in registers (got {elements})")
+    return None
 
 
 def not_whole_warpgroups(threads: int) -> str | None:

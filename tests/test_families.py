@@ -4,13 +4,15 @@ and `explain` read from it."""
 from __future__ import annotations
 
 import importlib
+import itertools
+from pathlib import Path
 from typing import Literal
 
 import pytest
 
 from opgen.families import FAMILIES, Family, family_names
 from opgen.families.contract import OUTPUT_TEMPLATES
-from opgen.render import environment
+from opgen.render import environment, load_plan
 from opgen.spec import SpecBase
 
 
@@ -39,3 +41,52 @@ def test_explain_help_names_every_family(cli):
     result = cli("explain", "--help")
     for name, family in FAMILIES.items():
         assert f"{name} {family.shape_usage}" in result.stdout
+
+
+SHIPPED_SPECS = sorted((Path(__file__).resolve().parent.parent / "specs").glob("*.toml"))
+SAVES = ("save", "recompute")  # the generated rowwise and swiglu tests run both
+
+
+def variants_under_test(p) -> list[tuple[str, ...]]:
+    """Each kernel variant the generated tests launch, read from the plan fields their templates
+    print, as the words its compile job's label holds (kernel, dtype, the variant's choices)."""
+    if p.family in ("rmsnorm", "scaled_silu"):
+        aux = "rstd" if p.family == "rmsnorm" else "sigmoid"
+        return [v for d, s in itertools.product(p.dtypes, SAVES)
+                for v in [("fwd", d, f"{aux}={s}"),
+                          *(("bwd", d, f"{aux}={s}", f"dw={r}") for r in p.test_reductions)]]
+    if p.family == "swiglu":
+        # The pair form also runs a and b as the strided halves of one wider tensor.
+        layouts = ("halves",) if p.fused else ("contiguous", "halves")
+        return [(k, d, f"sigmoid={s}", layout)
+                for k, d, s, layout in itertools.product(("fwd", "bwd"), p.dtypes, SAVES, layouts)]
+    if p.family == "matmul":
+        return [v for d in p.dtypes
+                for v in [*(("fwd", d, f"bias={b}") for b in p.bias_variants), ("bwd_da", d),
+                          ("bwd_db", d), *([("bwd_dbias", d)] if p.bias else [])]]
+    if p.family == "linear_attention":
+        return [(k, d, "x".join(map(str, case.args)))
+                for k, d, case in itertools.product(("fwd", "bwd"), p.dtypes, p.test_cases)]
+    assert p.family == "attention", p.family
+    modes = []
+    if any(c.kv_heads == c.heads for c in p.test_cases):
+        modes.append(("groups=1", "dk=direct", "dv=direct"))
+    if p.gqa_case:  # grouped shapes: the spec's reduction and the other one (atomic vs split)
+        modes += [("dk=atomic", "dv=atomic"), ("dk=split", "dv=split")]
+    variants = [("bwd_dsinks",)] if p.sinks else []
+    for layout, d, dim in itertools.product(p.layouts, p.dtypes, p.head_dims):
+        tag = (layout, d, f"d{dim}")
+        variants += [("bwd_preprocess", *tag), ("bwd_postprocess", *tag)]
+        for mask in p.mask_cases:
+            variants += [("fwd", *tag, mask.id), *(("bwd", *tag, mask.id, *m) for m in modes)]
+    return variants
+
+
+@pytest.mark.parametrize("spec_path", SHIPPED_SPECS, ids=lambda path: path.stem)
+def test_every_tested_variant_has_a_compile_job(spec_path):
+    plan, _ = load_plan(spec_path)
+    jobs = [set(job.label.split()) for job in plan.compile_jobs if "(bench)" not in job.label]
+    variants = variants_under_test(plan)
+    assert variants
+    missing = [v for v in variants if not any(set(v) <= words for words in jobs)]
+    assert not missing, f"tested variants without a compile job: {missing}"

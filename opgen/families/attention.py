@@ -14,12 +14,11 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictBool
 
 from opgen.families.contract import Family
-from opgen.plan import (DTYPE_BYTES, SM90_SMEM_LIMIT, CompileJob, GradPlan, PlanBase, SourceInfo,
-                        Table, base_fields, buffer_description, ceildiv, flops_table, format_bytes, kernel_plan,
-                        kernels_table, refuse_shape, saved_table, whole_kib)
-from opgen.spec import (BenchSection, Dtype, GemmTiling, PositiveInt, Reduction, ReductionKind,
-                        RowTiling, StrictModel, TestSection, echo, family_spec,
-                        not_whole_warpgroups, tiling_section)
+from opgen.plan import (DTYPE_BYTES, CompileJob, GradPlan, PlanBase, SourceInfo, Table, base_fields,
+                        buffer_description, ceildiv, explain_tables, flops_table, format_bytes,
+                        kernel_plan, over_smem_limit, refuse_shape, whole_kib)
+from opgen.spec import (BenchSection, GemmTiling, PositiveInt, Reduction, ReductionKind, RowTiling,
+                        StrictModel, TestSection, echo, family_spec, not_whole_warpgroups)
 
 # `opgen new <scaffold>`: the data each commented scaffold is rendered from.
 SCAFFOLDS = {
@@ -101,9 +100,6 @@ class AttentionSaved(StrictModel):
     lse: Keep = "save"
 
 
-AttentionTiling = tiling_section("AttentionTiling", DEFAULT_TILING)
-
-
 class AttentionTestShape(StrictModel):
     batch: PositiveInt
     heads: PositiveInt
@@ -111,12 +107,10 @@ class AttentionTestShape(StrictModel):
     seq_len: PositiveInt
 
 
-class AttentionTest(TestSection):
-    shapes: tuple[AttentionTestShape, ...] = (
-        AttentionTestShape(batch=2, heads=4, seq_len=1000),
-        AttentionTestShape(batch=1, heads=3, seq_len=77),
-    )
-    windows: tuple[PositiveInt, ...] = ()  # sliding windows to test (attention.sliding_window)
+DEFAULT_TEST_SHAPES = (
+    AttentionTestShape(batch=2, heads=4, seq_len=1000),
+    AttentionTestShape(batch=1, heads=3, seq_len=77),
+)
 
 
 class AttentionBenchShape(StrictModel):
@@ -129,13 +123,11 @@ class AttentionBenchShape(StrictModel):
     window: PositiveInt | None = None
 
 
-class AttentionBench(BenchSection):
-    dtype: Dtype = "float16"
-    shapes: tuple[AttentionBenchShape, ...] = (
-        AttentionBenchShape(batch=4, heads=16, seq_len=4096, head_dim=128, causal=False),
-        AttentionBenchShape(batch=4, heads=16, seq_len=4096, head_dim=128, causal=True),
-        AttentionBenchShape(batch=4, heads=16, seq_len=4096, head_dim=64, causal=False),
-    )
+DEFAULT_BENCH_SHAPES = (
+    AttentionBenchShape(batch=4, heads=16, seq_len=4096, head_dim=128, causal=False),
+    AttentionBenchShape(batch=4, heads=16, seq_len=4096, head_dim=128, causal=True),
+    AttentionBenchShape(batch=4, heads=16, seq_len=4096, head_dim=64, causal=False),
+)
 
 
 def allowed_reductions(section: AttentionSection) -> dict[str, tuple[str, ...]]:
@@ -265,13 +257,9 @@ def tiles_fit_shared_memory(spec: Spec):
     for phase in ("fwd", "bwd"):
         tiling = getattr(spec.tiling, phase)
         for dim in spec.attention.head_dims:
-            need = smem_bytes(phase, tiling, dim)
-            if need > SM90_SMEM_LIMIT:
-                yield f"tiling.{phase}", (
-                    f"needs about {need // 1024} KB of shared memory at head_dim {dim}, over the "
-                    f"sm_90 limit of {SM90_SMEM_LIMIT // 1024} KB; lower block_m, block_n or "
-                    "num_stages"
-                )
+            if problem := over_smem_limit(smem_bytes(phase, tiling, dim), f" at head_dim {dim}",
+                                          "block_m, block_n or num_stages"):
+                yield f"tiling.{phase}", problem
 
 
 def tiles_fill_warpgroups(spec: Spec):
@@ -305,7 +293,11 @@ RULES = (
 
 Spec = family_spec(
     "attention", RULES, attention=AttentionSection, grads=AttentionGrads, saved=AttentionSaved,
-    tiling=AttentionTiling, test=AttentionTest, bench=AttentionBench,
+    tiling=DEFAULT_TILING,
+    # windows: the sliding windows to test (attention.sliding_window).
+    test=TestSection.of(AttentionTestShape, DEFAULT_TEST_SHAPES,
+                        windows=(tuple[PositiveInt, ...], ())),
+    bench=BenchSection.of(AttentionBenchShape, DEFAULT_BENCH_SHAPES, "float16"),
 )
 
 
@@ -402,7 +394,7 @@ class BenchCase:
     bwd_flops: int
 
 
-def bench_cases(bench: AttentionBench) -> tuple[BenchCase, ...]:
+def bench_cases(bench: Any) -> tuple[BenchCase, ...]:
     cases = []
     for s in bench.shapes:
         fwd = flops_fwd(s.batch, s.heads, s.seq_len, s.head_dim, s.causal, s.window)
@@ -611,16 +603,14 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
             size = b * kv * s * d * {"atomic": 4, "split": 4 * groups, "direct": elem}[mode]
         reductions.append([g.grad, mode, buffer_description(mode), format_bytes(size), g.note])
     fwd = flops_fwd(b, h, s, d, causal, window)
-    title = (f"shape: batch={b} heads={h} kv_heads={kv} seq_len={s} head_dim={d} causal={causal} "
-             f"window={window} dtype={dtype} (groups={groups})")
-    return [
-        (title, []),
-        kernels_table(p.kernels, grids),
-        saved_table(p, sizes, "recomputed in backward (forward kernel rerun)"),
+    return explain_tables(
+        p, (f"batch={b} heads={h} kv_heads={kv} seq_len={s} head_dim={d} causal={causal} "
+            f"window={window} dtype={dtype} (groups={groups})"),
+        grids, sizes, "recomputed in backward (forward kernel rerun)",
         ("gradient reductions", [["grad", "reduction", "buffer", "bytes", "why"], *reductions]),
         flops_table(fwd, "4 * B * H * D * visible (query, key) pairs",
                     flops_bwd(fwd), "2.5 x forward (5 GEMMs vs 2)"),
-    ]
+    )
 
 
 def _check_shape(p: Plan, b, h, kv, s, d, causal, window, dtype) -> None:
@@ -642,15 +632,9 @@ def _check_shape(p: Plan, b, h, kv, s, d, causal, window, dtype) -> None:
 
 
 FAMILY = Family(
-    name="attention",
+    Spec, plan, explain, SCAFFOLDS,
     description=("flash attention: MHA, GQA/MQA (dK/dV atomic or split), learnable sinks, sliding "
                  "window; fwd, Delta preprocess, bwd, dQ cast, dsinks"),
-    spec=Spec,
-    plan=plan,
-    explain=explain,
-    scaffolds=SCAFFOLDS,
-    template_dir="attention",
     shape_keys=("batch", "heads", "kv_heads", "seq_len", "head_dim", "causal", "window", "dtype"),
-    required_shape_keys=("batch", "heads", "seq_len", "head_dim"),
+    optional_shape_keys=("kv_heads", "causal", "window", "dtype"),
 )
-

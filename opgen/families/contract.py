@@ -23,20 +23,31 @@ OUTPUT_TEMPLATES = {
 
 @dataclass(frozen=True)
 class Family:
-    name: str  # the spec's `family`
-    description: str  # one line for `opgen list`
+    """A family: its spec model (whose `family` names it), plan and explain functions and
+    scaffolds, one line for `opgen list`, and the keys `explain --shape` accepts. Its templates
+    are in templates/<name>/, one per output file."""
+
     spec: type[SpecBase]
     plan: Callable[[Any, SourceInfo], PlanBase]
     explain: Callable[[Any, dict[str, Any]], list[Table]]  # (plan, runtime shape) -> tables
     scaffolds: Mapping[str, dict[str, Any]]  # `opgen new <scaffold>`: the data each renders from
-    template_dir: str  # templates/<template_dir>/ holds one template per output file
-    shape_keys: tuple[str, ...]  # what `explain --shape` accepts
-    required_shape_keys: tuple[str, ...]
+    description: str
+    shape_keys: tuple[str, ...]  # in the order `explain --shape` lists them
+    optional_shape_keys: tuple[str, ...] = ("dtype",)
+
+    @property
+    def name(self) -> str:
+        """The spec's `family`."""
+        return self.spec.family_name
+
+    @property
+    def required_shape_keys(self) -> tuple[str, ...]:
+        return tuple(k for k in self.shape_keys if k not in self.optional_shape_keys)
 
     @property
     def templates(self) -> dict[str, str]:
         """Output file -> template."""
-        return {out: f"{self.template_dir}/{name}" for out, name in OUTPUT_TEMPLATES.items()}
+        return {out: f"{self.name}/{name}" for out, name in OUTPUT_TEMPLATES.items()}
 
     @property
     def scaffold_template(self) -> str:

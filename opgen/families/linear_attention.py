@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from opgen.families.contract import Family, scaffold
-from opgen.plan import (DTYPE_BYTES, SM90_SMEM_LIMIT, CompileJob, GradPlan, KernelPlan, PlanBase,
-                        SourceInfo, Table, base_fields, ceildiv, flops_table, format_bytes,
-                        kernel_plan, kernels_table, not_positive, refuse_shape, saved_table)
-from opgen.spec import (BenchSection, Block, Dtype, PositiveInt, Reduction, ReductionKind, Stages,
+from opgen.plan import (DTYPE_BYTES, CompileJob, GradPlan, KernelPlan, PlanBase, SourceInfo, Table,
+                        base_fields, ceildiv, explain_tables, flops_table, format_bytes,
+                        kernel_plan, not_positive, over_smem_limit, refuse_shape)
+from opgen.spec import (BenchSection, Block, PositiveInt, Reduction, ReductionKind, Stages,
                         StrictModel, TestSection, Threads, Tolerance, echo, family_spec,
-                        not_whole_warpgroups, shapes_of, tiling_section)
+                        not_whole_warpgroups, shapes_of, untested_tail)
 
 # The forward keeps the whole Dk of q and k in shared memory and a [Dk, block_dv] fp32 state in
 # registers: head dims above this are refused (by the spec's shapes and at run time).
@@ -86,6 +86,9 @@ DEFAULT_TOLERANCES = {
     "bfloat16": Tolerance(rtol=2e-2, atol=1.5e-2),
 }
 
+# Keep a seq_len that is not a multiple of the chunk (the tail chunk is where guard bugs hide), Dv
+# above block_dv (more than one Dv tile: dQ/dK atomics from several blocks) and a head dim that is
+# not a multiple of 16 (padded tiles).
 DEFAULT_TEST_SHAPES = ((2, 1000, 4, 64, 64), (1, 77, 2, 64, 128), (1, 200, 3, 40, 24))
 DEFAULT_BENCH_SHAPES = ((8, 4096, 16, 128, 128), (4, 8192, 16, 64, 64))
 
@@ -123,9 +126,6 @@ class Saved(StrictModel):
     states: str = "recompute"
 
 
-LinearAttentionTiling = tiling_section("LinearAttentionTiling", DEFAULT_TILING)
-
-
 class Shape(StrictModel):
     """One problem: q, k [batch, seq_len, heads, dim_k], v [batch, seq_len, heads, dim_v]."""
 
@@ -142,19 +142,6 @@ class Shape(StrictModel):
     @property
     def args(self) -> tuple[int, int, int, int, int]:
         return self.batch, self.seq_len, self.heads, self.dim_k, self.dim_v
-
-
-class LinearAttentionTest(TestSection):
-    # Keep a seq_len that is not a multiple of the chunk (the tail chunk is where guard bugs
-    # hide), Dv above block_dv (more than one Dv tile: dQ/dK atomics from several blocks) and a
-    # head dim that is not a multiple of 16 (padded tiles).
-    shapes: tuple[Shape, ...] = shapes_of(Shape, DEFAULT_TEST_SHAPES)
-    default_tolerances = DEFAULT_TOLERANCES
-
-
-class LinearAttentionBench(BenchSection):
-    dtype: Dtype = "bfloat16"
-    shapes: tuple[Shape, ...] = shapes_of(Shape, DEFAULT_BENCH_SHAPES)
 
 
 def smem_bytes(phase: str, tiling: dict[str, int], dim_k: int, dim_v: int) -> int:
@@ -205,26 +192,19 @@ def tiles_fit_shared_memory(spec: Spec):
     for phase in ("fwd", "bwd"):
         need = smem_bytes(phase, getattr(spec.tiling, phase).model_dump(), MAX_HEAD_DIM,
                           MAX_HEAD_DIM)
-        if need > SM90_SMEM_LIMIT:
-            yield f"tiling.{phase}", (
-                f"needs {need // 1024} KB of shared memory at head dims of {MAX_HEAD_DIM}, over "
-                f"the sm_90 limit of {SM90_SMEM_LIMIT // 1024} KB; lower chunk or the blocks"
-            )
+        if problem := over_smem_limit(need, f" at head dims of {MAX_HEAD_DIM}",
+                                      "chunk or the blocks", about=False):
+            yield f"tiling.{phase}", problem
 
 
 def tested_shapes_have_tails(spec: Spec):
     shapes = spec.test.shapes
-    if not shapes:
-        return
     for chunk in sorted({spec.tiling.fwd.chunk, spec.tiling.bwd.chunk}):
-        if all(s.seq_len % chunk == 0 for s in shapes):
-            yield "test.shapes", (
-                f"add a shape whose seq_len is not a multiple of {chunk} (a chunk), e.g. "
-                "{ batch = 2, seq_len = 1000, heads = 4, dim_k = 64, dim_v = 64 }: the tail "
-                "chunk is where guard bugs hide"
-            )
+        yield from untested_tail(
+            shapes, lambda s: s.seq_len, chunk, "seq_len is", "a chunk",
+            "{ batch = 2, seq_len = 1000, heads = 4, dim_k = 64, dim_v = 64 }", "the tail chunk is")
     bv = spec.tiling.bwd.block_dv
-    if not any(s.dim_v > bv for s in shapes):
+    if shapes and not any(s.dim_v > bv for s in shapes):
         yield "test.shapes", (
             f"add a shape with dim_v above tiling.bwd.block_dv ({bv}), e.g. dim_v = "
             f"{2 * bv}: only then do several blocks add into one dQ and dK element"
@@ -249,7 +229,9 @@ RULES = (gradients_are_atomic, states_are_recomputed, tiles_fit_warpgroups,
 
 Spec = family_spec(
     "linear_attention", RULES, linear_attention=LinearAttentionSection, grads=LinearAttentionGrads,
-    saved=Saved, tiling=LinearAttentionTiling, test=LinearAttentionTest, bench=LinearAttentionBench,
+    saved=Saved, tiling=DEFAULT_TILING,
+    test=TestSection.of(Shape, shapes_of(Shape, DEFAULT_TEST_SHAPES), DEFAULT_TOLERANCES),
+    bench=BenchSection.of(Shape, shapes_of(Shape, DEFAULT_BENCH_SHAPES), "bfloat16"),
 )
 
 
@@ -322,7 +304,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         tail_case=tail_case,
         bench_cases=tuple(BenchCase(s, *flops(*s.args, t.fwd.chunk)) for s in spec.bench.shapes),
         bench_chunk=t.fwd.chunk,
-        compile_jobs=_compile_jobs(spec, kernels),
+        compile_jobs=_compile_jobs(spec, kernels, test_cases),
     )
 
 
@@ -330,10 +312,12 @@ def _scale(spec: Spec, dim_k: int) -> float:
     return dim_k ** -0.5 if spec.linear_attention.scale == "rsqrt_dk" else 1.0
 
 
-def _compile_jobs(spec: Spec, kernels: dict[str, KernelPlan]) -> tuple[CompileJob, ...]:
-    """Every kernel variant the generated tests launch (each test shape, each dtype: fwd and
-    bwd), then the benchmark's shapes in its dtype. batch and seq_len are symbolic in the kernels,
-    so a variant is (heads, dim_k, dim_v, dtype, scale); one two shapes share is built once."""
+def _compile_jobs(spec: Spec, kernels: dict[str, KernelPlan], test_cases: tuple[Shape, ...]
+                  ) -> tuple[CompileJob, ...]:
+    """Every kernel variant the generated tests launch (each of the plan's test cases, each
+    dtype: fwd and bwd), then the benchmark's shapes in its dtype. batch and seq_len are symbolic
+    in the kernels, so a variant is (heads, dim_k, dim_v, dtype, scale); one two shapes share is
+    built once."""
 
     def jobs_for(s: Shape, dtype: str, tag: str):
         args = (s.heads, s.dim_k, s.dim_v, dtype, _scale(spec, s.dim_k))
@@ -344,7 +328,7 @@ def _compile_jobs(spec: Spec, kernels: dict[str, KernelPlan]) -> tuple[CompileJo
 
     jobs = []
     for dtype in spec.dtypes:
-        for s in spec.test.shapes:
+        for s in test_cases:
             jobs += jobs_for(s, dtype, "")
     for s in spec.bench.shapes:
         jobs += jobs_for(s, spec.bench.dtype, " (bench)")
@@ -377,17 +361,16 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
                    f"{per_element[g.grad] * b * s * h * dims[g.grad]} ({per_element[g.grad]} per "
                    "address)", g.note] for g in p.grads]
     fwd, bwd = flops(b, s, h, dk, dv, fwd_t["chunk"])
-    title = (f"shape: batch={b} seq_len={s} heads={h} dim_k={dk} dim_v={dv} dtype={dtype} "
-             f"(scale {SCALES[p.scale]})")
-    return [
-        (title, []),
-        kernels_table(p.kernels, grids, ("smem (estimate)", smem)),
-        saved_table(p, sizes, "recomputed in backward"),
+    return explain_tables(
+        p, (f"batch={b} seq_len={s} heads={h} dim_k={dk} dim_v={dv} dtype={dtype} "
+            f"(scale {SCALES[p.scale]})"),
+        grids, sizes, "recomputed in backward",
         ("gradient reductions",
          [["grad", "reduction", "buffer", "bytes", "atomics", "why"], *reductions]),
         flops_table(fwd, "B H ceil(S/C) (2 C^2 (Dk + Dv) + 4 C Dk Dv), C = chunk",
                     bwd, "3 x forward"),
-    ]
+        kernel_column=("smem (estimate)", smem),
+    )
 
 
 def _check_shape(p: Plan, b: int, s: int, h: int, dk: int, dv: int, dtype: str) -> None:
@@ -399,14 +382,8 @@ def _check_shape(p: Plan, b: int, s: int, h: int, dk: int, dv: int, dtype: str) 
 
 
 FAMILY = Family(
-    name="linear_attention",
+    Spec, plan, explain, SCAFFOLDS,
     description=("causal linear attention without normalisation (bshd): chunked fwd with a running "
                  "fp32 state; one monolithic bwd, dQ/dK/dV fp32 atomics"),
-    spec=Spec,
-    plan=plan,
-    explain=explain,
-    scaffolds=SCAFFOLDS,
-    template_dir="linear_attention",
     shape_keys=("batch", "seq_len", "heads", "dim_k", "dim_v", "dtype"),
-    required_shape_keys=("batch", "seq_len", "heads", "dim_k", "dim_v"),
 )

@@ -20,12 +20,12 @@ from typing import Any, Literal
 from pydantic import StrictBool
 
 from opgen.families.contract import Family, scaffold
-from opgen.plan import (DTYPE_BYTES, SM90_SMEM_LIMIT, CompileJob, GradPlan, PlanBase, SourceInfo,
-                        Table, base_fields, ceildiv, flops_table, format_bytes, kernel_plan,
-                        kernels_table, not_positive, refuse_shape, saved_table, whole_kib)
-from opgen.spec import (BenchSection, Block, DirectGrad, Dtype, PositiveInt, Stages, StrictModel,
+from opgen.plan import (DTYPE_BYTES, CompileJob, GradPlan, PlanBase, SourceInfo, Table, base_fields,
+                        ceildiv, explain_tables, flops_table, format_bytes, kernel_plan,
+                        not_positive, over_smem_limit, refuse_shape, whole_kib)
+from opgen.spec import (BenchSection, Block, DirectGrad, PositiveInt, Stages, StrictModel,
                         TestSection, Threads, Tolerance, family_spec, not_whole_warpgroups,
-                        shapes_of, tiling_section)
+                        shapes_of, too_few_elements, too_many_elements, untested_tail)
 
 # The three GEMM phases: the key of each in [tiling] and the plan, and the axes of the problem
 # that its output rows, output columns and reduction run along.
@@ -81,6 +81,9 @@ DEFAULT_TOLERANCES = {
     "bfloat16": Tolerance(rtol=2e-2, atol=5e-3),
 }
 
+# Keep sizes that are not a multiple of any block (tail tiles are where guard bugs hide), a skinny
+# one or two, and a square one (m = n = k: only there do dA and dB have one shape, so the tests
+# can check that swapping them fails).
 DEFAULT_TEST_SHAPES = ((1000, 777, 336), (64, 4096, 64), (4097, 128, 1024), (333, 333, 333))
 DEFAULT_BENCH_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192))
 
@@ -112,9 +115,6 @@ class MatmulGrads(StrictModel):
     dbias: SplitGrad = SplitGrad()
 
 
-MatmulTiling = tiling_section("MatmulTiling", DEFAULT_TILING)
-
-
 class MatmulShape(StrictModel):
     """One problem: A [m, k] @ B [k, n]."""
 
@@ -125,19 +125,6 @@ class MatmulShape(StrictModel):
     @property
     def id(self) -> str:
         return f"m{self.m}-n{self.n}-k{self.k}"
-
-
-class MatmulTest(TestSection):
-    # Keep sizes that are not a multiple of any block (tail tiles are where guard bugs hide), a
-    # skinny one or two, and a square one (m = n = k: only there do dA and dB have one shape, so
-    # the tests can check that swapping them fails).
-    shapes: tuple[MatmulShape, ...] = shapes_of(MatmulShape, DEFAULT_TEST_SHAPES)
-    default_tolerances = DEFAULT_TOLERANCES
-
-
-class MatmulBench(BenchSection):
-    dtype: Dtype = "bfloat16"
-    shapes: tuple[MatmulShape, ...] = shapes_of(MatmulShape, DEFAULT_BENCH_SHAPES)
 
 
 def wgmma_warps(tiling: GemmTiling) -> tuple[int, int] | None:
@@ -166,7 +153,7 @@ def smem_bytes(tiling: GemmTiling) -> int:
     return max(loop, whole_kib(elem * t.block_m * t.block_n))
 
 
-def axis_blocks(spec_tiling: MatmulTiling) -> dict[str, int]:
+def axis_blocks(spec_tiling: Any) -> dict[str, int]:
     """The smallest block along each problem axis (m, n, k) over every phase that tiles it: a
     size that is not a multiple of it is a multiple of no block (blocks are powers of two)."""
     smallest = {"m": spec_tiling.dbias.block_m, "n": spec_tiling.dbias.block_n, "k": 1 << 30}
@@ -198,40 +185,26 @@ def gemm_tiles_fit_wgmma(spec: Spec):
 
 def gemm_tiles_fit_shared_memory(spec: Spec):
     for phase in GEMM_PHASES:
-        need = smem_bytes(getattr(spec.tiling, phase))
-        if need > SM90_SMEM_LIMIT:
-            yield f"tiling.{phase}", (
-                f"needs about {need // 1024} KB of shared memory, over the sm_90 limit of "
-                f"{SM90_SMEM_LIMIT // 1024} KB; lower block_m, block_n, block_k or num_stages"
-            )
+        if problem := over_smem_limit(smem_bytes(getattr(spec.tiling, phase)), "",
+                                      "block_m, block_n, block_k or num_stages"):
+            yield f"tiling.{phase}", problem
 
 
 def dbias_tile_fits_threads(spec: Spec):
     r = spec.tiling.dbias
-    if r.block_m * r.block_n > MAX_DBIAS_ELEMENTS_PER_THREAD * r.threads:
-        yield "tiling.dbias", (
-            f"block_m x block_n must be at most {MAX_DBIAS_ELEMENTS_PER_THREAD} x threads "
-            f"({MAX_DBIAS_ELEMENTS_PER_THREAD * r.threads}): each thread holds its fp32 terms in "
-            f"registers (got {r.block_m * r.block_n})"
-        )
-    if r.block_m * r.block_n < r.threads:
-        yield "tiling.dbias", (
-            f"block_m x block_n must be at least threads ({r.threads}): one element per thread "
-            f"or more (got {r.block_m * r.block_n})"
-        )
+    elements = r.block_m * r.block_n
+    problems = (too_many_elements(elements, r.threads, MAX_DBIAS_ELEMENTS_PER_THREAD,
+                                  "its fp32 terms"),
+                too_few_elements(elements, r.threads))
+    for problem in filter(None, problems):
+        yield "tiling.dbias", f"block_m x block_n {problem}"
 
 
 def tested_shapes_have_tails(spec: Spec):
-    shapes = spec.test.shapes
-    if not shapes:
-        return
     for axis, block in axis_blocks(spec.tiling).items():
-        if all(getattr(s, axis) % block == 0 for s in shapes):
-            yield "test.shapes", (
-                f"add a shape whose {axis} is not a multiple of {block} (the smallest block "
-                f"along {axis}), e.g. {{ m = 1000, n = 777, k = 336 }}: tail tiles are where "
-                "guard bugs hide"
-            )
+        yield from untested_tail(spec.test.shapes, lambda s: getattr(s, axis), block, f"{axis} is",
+                                 f"the smallest block along {axis}",
+                                 "{ m = 1000, n = 777, k = 336 }", "tail tiles are")
 
 
 def tested_shapes_include_a_square(spec: Spec):
@@ -249,8 +222,10 @@ RULES = (gemm_tiles_fit_wgmma, gemm_tiles_fit_shared_memory, dbias_tile_fits_thr
 
 
 Spec = family_spec(
-    "matmul", RULES, matmul=MatmulSection, grads=MatmulGrads, tiling=MatmulTiling, test=MatmulTest,
-    bench=MatmulBench,
+    "matmul", RULES, matmul=MatmulSection, grads=MatmulGrads, tiling=DEFAULT_TILING,
+    test=TestSection.of(MatmulShape, shapes_of(MatmulShape, DEFAULT_TEST_SHAPES),
+                        DEFAULT_TOLERANCES),
+    bench=BenchSection.of(MatmulShape, shapes_of(MatmulShape, DEFAULT_BENCH_SHAPES), "bfloat16"),
 )
 
 
@@ -406,25 +381,18 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     reductions = [[g.grad, g.reduction, what[g.reduction], format_bytes(buffers[g.grad]), g.note]
                   for g in p.grads]
     fwd, bwd = flops(m, n, k)
-    title = f"shape: m={m} n={n} k={k} dtype={dtype} (A [{m}, {k}] @ B [{k}, {n}], bias={p.bias})"
-    return [
-        (title, []),
-        kernels_table(p.kernels, grids, ("smem (estimate)", smem)),
-        saved_table(p, sizes, ""),
+    return explain_tables(
+        p, f"m={m} n={n} k={k} dtype={dtype} (A [{m}, {k}] @ B [{k}, {n}], bias={p.bias})",
+        grids, sizes, "",
         ("gradient reductions", [["grad", "reduction", "buffer", "bytes", "why"], *reductions]),
         flops_table(fwd, "2 * M * N * K", bwd, "4 * M * N * K (dA and dB GEMMs)"),
-    ]
+        kernel_column=("smem (estimate)", smem),
+    )
 
 
 FAMILY = Family(
-    name="matmul",
+    Spec, plan, explain, SCAFFOLDS,
     description=("matmul C = A @ B (+ bias), fp32 accumulation: fwd GEMM; bwd dA = dC B^T and "
                  "dB = A^T dC (WGMMA on transposed tiles), dbias by split partials"),
-    spec=Spec,
-    plan=plan,
-    explain=explain,
-    scaffolds=SCAFFOLDS,
-    template_dir="matmul",
     shape_keys=("m", "n", "k", "dtype"),
-    required_shape_keys=("m", "n", "k"),
 )

@@ -21,15 +21,16 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import Field
 
 from opgen.families.contract import Family, scaffold
-from opgen.plan import (DTYPE_BYTES, SM90_SMEM_LIMIT, CompileJob, SavedAuxPlan, SourceInfo, Table,
-                        bytes_moved_table, ceildiv, format_bytes, kernel_plan, kernels_table,
-                        not_positive, refuse_shape, saved_aux_fields, saved_aux_jobs, saved_table,
+from opgen.plan import (DTYPE_BYTES, SM90_SMEM_LIMIT, TESTED_SAVES, CompileJob, SavedAuxPlan,
+                        SourceInfo, Table, bytes_moved_table, ceildiv, explain_tables, format_bytes,
+                        kernel_plan, not_positive, refuse_shape, saved_aux_fields, saved_aux_jobs,
                         weight_dtype, weight_grads_table, weighted_bytes_moved)
-from opgen.spec import (BenchSection, Block, Dtype, MatrixShape, PositiveInt, StrictModel,
-                        TensorShape, TestSection, Threads, WeightGrads, family_spec, tiling_section)
+from opgen.spec import (BenchSection, Block, MatrixShape, PositiveInt, RowBlock, StrictModel,
+                        TensorShape, TestSection, Threads, WeightGrads, family_spec, shapes_of,
+                        too_few_elements, too_many_elements, untested_tail)
 
 # Each thread keeps its share of a chunk's fp32 row sums (x^2, w * dy * x) in registers until the
 # in-block reduction: at most this many elements of a chunk per thread.
@@ -37,20 +38,11 @@ MAX_CHUNK_ELEMENTS_PER_THREAD = 64
 ACCUM_BYTES = 4  # fp32: rstd, the backward's staged w and its dw sums
 
 
-def _power_of_two_rows(value: int) -> int:
-    if value < 1 or value & (value - 1):
-        raise ValueError("must be a power of two >= 1")
-    return value
-
-
-Rows = Annotated[int, AfterValidator(_power_of_two_rows)]
-
-
 class RowTiling(StrictModel):
     """Tiles of a row phase: a block covers `block_rows` rows and loops over C in chunks of
     `block_channels` channels, with `threads` threads."""
 
-    block_rows: Rows
+    block_rows: RowBlock
     block_channels: Block
     threads: Threads
 
@@ -65,7 +57,11 @@ DEFAULT_TILING = {
 }
 
 DEFAULT_MAX_CHANNELS = 16384
+# Any x shapes [..., C]. Keep sizes that are not a multiple of any block (rows and C): tail blocks
+# are where guard bugs hide.
 DEFAULT_TEST_SHAPES = ((3, 333, 77), (37, 5000), (4097,), (65, 8192))
+# A Llama-sized activation: 16384 tokens x 4096 channels.
+DEFAULT_BENCH_SHAPES = ((16384, 4096),)
 
 # `opgen new <scaffold>`: the data each commented scaffold is rendered from.
 SCAFFOLDS = {
@@ -73,7 +69,7 @@ SCAFFOLDS = {
         "RMSNorm y = x * rstd * w with a learnable per-channel w, fwd and bwd",
         DEFAULT_TILING, eps="1e-6", weight_dtype="input", max_channels=DEFAULT_MAX_CHANNELS,
         dw="atomic", rstd="save", shapes=list(DEFAULT_TEST_SHAPES), bench_dtype="bfloat16",
-        bench=[(16384, 4096)],
+        bench=list(DEFAULT_BENCH_SHAPES),
     ),
 }
 
@@ -91,21 +87,6 @@ class RmsnormSaved(StrictModel):
     # save: the forward writes one fp32 rstd per row for the backward (4 bytes a row). recompute:
     # the backward sums x^2 again from the row it loads anyway (a few FLOPs per element).
     rstd: Literal["save", "recompute"] = "save"
-
-
-RmsnormTiling = tiling_section("RmsnormTiling", DEFAULT_TILING)
-
-
-class RmsnormTest(TestSection):
-    # Any x shapes [..., C]. Keep sizes that are not a multiple of any block (rows and C): tail
-    # blocks are where guard bugs hide.
-    shapes: tuple[TensorShape, ...] = DEFAULT_TEST_SHAPES
-
-
-class RmsnormBench(BenchSection):
-    dtype: Dtype = "bfloat16"
-    # A Llama-sized activation: 16384 tokens x 4096 channels.
-    shapes: tuple[MatrixShape, ...] = (MatrixShape(rows=16384, channels=4096),)
 
 
 def matrix(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -136,18 +117,11 @@ def chunks_fit_threads(spec: Spec):
         # A fwd chunk is [block_rows, block_channels]; a bwd chunk is one row of block_channels.
         chunk = t.block_channels * (t.block_rows if phase == "fwd" else 1)
         what = "block_rows x block_channels" if phase == "fwd" else "block_channels"
-        field = f"tiling.{phase}.block_channels"
-        if chunk < t.threads:
-            yield field, (
-                f"{what} must be at least threads ({t.threads}): one element per thread or more "
-                f"(got {chunk})"
-            )
-        if chunk > MAX_CHUNK_ELEMENTS_PER_THREAD * t.threads:
-            yield field, (
-                f"{what} must be at most {MAX_CHUNK_ELEMENTS_PER_THREAD} x threads "
-                f"({MAX_CHUNK_ELEMENTS_PER_THREAD * t.threads}): each thread holds the fp32 row "
-                f"sums of its elements of a chunk in registers (got {chunk})"
-            )
+        problems = (too_few_elements(chunk, t.threads),
+                    too_many_elements(chunk, t.threads, MAX_CHUNK_ELEMENTS_PER_THREAD,
+                                      "the fp32 row sums of its elements of a chunk"))
+        for problem in filter(None, problems):
+            yield f"tiling.{phase}.block_channels", f"{what} {problem}"
 
 
 def rows_fit_shared_memory(spec: Spec):
@@ -179,20 +153,12 @@ def tested_shapes_within_max_channels(spec: Spec):
 
 def tested_shapes_have_tails(spec: Spec):
     shapes = spec.test.shapes
-    if not shapes:
-        return
-    smallest = min(spec.tiling.fwd.block_channels, spec.tiling.bwd.block_channels)
-    if not any(_column_tail(spec, s) for s in shapes):
-        yield "test.shapes", (
-            f"add a shape whose last dim (C) is not a multiple of {smallest} (the smallest "
-            "block_channels), e.g. [3, 333, 77]: tail chunks are where guard bugs hide"
-        )
-    rows = _smallest_block_rows(spec)
-    if rows > 1 and not any(_row_tail(spec, s) for s in shapes):
-        yield "test.shapes", (
-            f"add a shape whose rows (elements / last dim) are not a multiple of {rows} (the "
-            "smallest block_rows), e.g. [3, 333, 77]: tail rows are where guard bugs hide"
-        )
+    yield from untested_tail(shapes, lambda s: s[-1], _smallest_block_channels(spec),
+                             "last dim (C) is", "the smallest block_channels", "[3, 333, 77]",
+                             "tail chunks are")
+    yield from untested_tail(shapes, lambda s: matrix(s)[0], _smallest_block_rows(spec),
+                             "rows (elements / last dim) are", "the smallest block_rows",
+                             "[3, 333, 77]", "tail rows are")
 
 
 def bench_shapes_within_max_channels(spec: Spec):
@@ -211,7 +177,8 @@ RULES = (chunks_fit_threads, rows_fit_shared_memory, tested_shapes_within_max_ch
 
 Spec = family_spec(
     "rmsnorm", RULES, rmsnorm=RmsnormSection, grads=WeightGrads, saved=RmsnormSaved,
-    tiling=RmsnormTiling, test=RmsnormTest, bench=RmsnormBench,
+    tiling=DEFAULT_TILING, test=TestSection.of(TensorShape, DEFAULT_TEST_SHAPES),
+    bench=BenchSection.of(MatrixShape, shapes_of(MatrixShape, DEFAULT_BENCH_SHAPES), "bfloat16"),
 )
 
 
@@ -222,9 +189,12 @@ def _smallest_block_rows(spec: Spec) -> int:
                default=1)
 
 
+def _smallest_block_channels(spec: Spec) -> int:
+    return min(spec.tiling.fwd.block_channels, spec.tiling.bwd.block_channels)
+
+
 def _column_tail(spec: Spec, shape: tuple[int, ...]) -> bool:
-    chunk = min(spec.tiling.fwd.block_channels, spec.tiling.bwd.block_channels)
-    return shape[-1] % chunk != 0
+    return shape[-1] % _smallest_block_channels(spec) != 0
 
 
 def _row_tail(spec: Spec, shape: tuple[int, ...]) -> bool:
@@ -296,7 +266,7 @@ def _compile_jobs(spec, kernels, tail_case, test_reductions) -> tuple[CompileJob
     rows, cols = matrix(tail_case.shape)
     jobs = []
     for dtype in spec.dtypes:
-        jobs += jobs_for(rows, cols, dtype, (False, True), test_reductions, "")
+        jobs += jobs_for(rows, cols, dtype, TESTED_SAVES, test_reductions, "")
     spec_choice = ((save_default,), (spec.grads.dw.reduction,))
     for shape in spec.bench.shapes:
         jobs += jobs_for(shape.rows, shape.channels, spec.bench.dtype, *spec_choice, " (bench)")
@@ -322,16 +292,15 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     row_blocks = grids["bwd"][0]
     fwd_bytes, bwd_bytes = weighted_bytes_moved(numel, channels, elem, w_elem)
     partials = 0 if p.dw_reduction == "atomic" else 4 * row_blocks * channels
-    title = (f"shape: rows={rows} channels={channels} dtype={dtype} ({numel} elements; "
-             f"eps={p.eps_literal}; C at most {p.max_channels})")
-    return [
-        (title, []),
-        kernels_table(p.kernels, grids, ("shared memory", smem)),
-        saved_table(p, sizes, "recomputed in backward from x"),
+    return explain_tables(
+        p, (f"rows={rows} channels={channels} dtype={dtype} ({numel} elements; "
+            f"eps={p.eps_literal}; C at most {p.max_channels})"),
+        grids, sizes, "recomputed in backward from x",
         weight_grads_table(p, numel * elem, channels, row_blocks, row_blocks * channels),
         bytes_moved_table(fwd_bytes, bwd_bytes, "rstd", sizes["rstd"] if p.save_rstd else 0,
                           partials),
-    ]
+        kernel_column=("shared memory", smem),
+    )
 
 
 def _check_shape(p: Plan, rows: int, channels: int, dtype: str) -> None:
@@ -344,14 +313,8 @@ def _check_shape(p: Plan, rows: int, channels: int, dtype: str) -> None:
 
 
 FAMILY = Family(
-    name="rmsnorm",
+    Spec, plan, explain, SCAFFOLDS,
     description=("RMSNorm x * rstd * w, w per channel: fwd (rstd saved or recomputed), bwd (dx "
                  "direct; dw atomic or split)"),
-    spec=Spec,
-    plan=plan,
-    explain=explain,
-    scaffolds=SCAFFOLDS,
-    template_dir="rmsnorm",
     shape_keys=("rows", "channels", "dtype"),
-    required_shape_keys=("rows", "channels"),
 )

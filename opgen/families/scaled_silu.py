@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from opgen.families.contract import Family, scaffold
-from opgen.plan import (DTYPE_BYTES, CompileJob, SavedAuxPlan, SourceInfo, Table, bytes_moved_table,
-                        ceildiv, kernel_plan, kernels_table, not_positive, refuse_shape,
-                        saved_aux_fields, saved_aux_jobs, saved_table, weight_dtype,
+from opgen.plan import (DTYPE_BYTES, TESTED_SAVES, CompileJob, SavedAuxPlan, SourceInfo, Table,
+                        bytes_moved_table, ceildiv, explain_tables, kernel_plan, not_positive,
+                        refuse_shape, saved_aux_fields, saved_aux_jobs, weight_dtype,
                         weight_grads_table, weighted_bytes_moved)
-from opgen.spec import (BenchSection, Block, Dtype, MatrixShape, StrictModel, TensorShape,
-                        TestSection, Threads, WeightGrads, family_spec, tiling_section)
+from opgen.spec import (BenchSection, Block, MatrixShape, SavedSigmoid, StrictModel, TensorShape,
+                        TestSection, Threads, WeightGrads, family_spec, shapes_of, too_few_elements,
+                        too_many_elements, untested_tail)
 
 # The largest bwd block per thread: each thread keeps the fp32 dw terms of its elements in
 # registers until the in-block reduction.
@@ -52,13 +53,19 @@ DEFAULT_TILING = {
     "bwd": ElementwiseTiling(block=8192, threads=256, block_channels=256),
 }
 
+# Any shapes; with channel weights the last dim is C. Keep sizes that are not a multiple of any
+# block: tail blocks are where guard bugs hide.
+DEFAULT_TEST_SHAPES = ((3, 1000, 77), (4097,), (64, 1024))
+# x [rows, channels] (channels = C for channel weights). One 64M-element tensor: large enough to
+# measure HBM bandwidth, not the launch.
+DEFAULT_BENCH_SHAPES = ((8192, 8192),)
 
 # `opgen new <scaffold>`: the data each commented scaffold is rendered from.
 SCAFFOLDS = {
     "scaled_silu": scaffold(
         "scaled SiLU y = w * silu(x) with a learnable scalar w, fwd and bwd",
         DEFAULT_TILING, weight="scalar", weight_dtype="float32", dw="atomic", sigmoid="recompute",
-        shapes=[(3, 1000, 77), (4097,), (64, 1024)], bench_dtype="float16", bench=[(8192, 8192)],
+        shapes=list(DEFAULT_TEST_SHAPES), bench_dtype="float16", bench=list(DEFAULT_BENCH_SHAPES),
     ),
 }
 
@@ -69,30 +76,6 @@ class ScaledSiluSection(StrictModel):
     weight: Literal["scalar", "channel"] = "scalar"
     # dtype of w and dw: float32 (a master weight: dw sums millions of terms), or x's dtype.
     weight_dtype: Literal["float32", "input"] = "float32"
-
-
-class ScaledSiluSaved(StrictModel):
-    # recompute: the forward saves x, the backward recomputes sigmoid(x) (a few FLOPs per
-    # element). save: the forward also writes sigmoid(x) in fp32 for the backward (in
-    # x's dtype its rounding would show in dw): 4 more bytes per element held between forward and
-    # backward, no exp in the backward.
-    sigmoid: Literal["recompute", "save"] = "recompute"
-
-
-ScaledSiluTiling = tiling_section("ScaledSiluTiling", DEFAULT_TILING)
-
-
-class ScaledSiluTest(TestSection):
-    # Any shapes; with channel weights the last dim is C. Keep sizes that are not a multiple of any
-    # block: tail blocks are where guard bugs hide.
-    shapes: tuple[TensorShape, ...] = ((3, 1000, 77), (4097,), (64, 1024))
-
-
-class ScaledSiluBench(BenchSection):
-    dtype: Dtype = "float16"
-    # x [rows, channels] (channels = C for channel weights). One 64M-element tensor: large enough
-    # to measure HBM bandwidth, not the launch.
-    shapes: tuple[MatrixShape, ...] = (MatrixShape(rows=8192, channels=8192),)
 
 
 def tile(weight: str, tiling: ElementwiseTiling) -> tuple[int, int]:
@@ -113,11 +96,8 @@ def matrix(weight: str, shape: tuple[int, ...]) -> tuple[int, int]:
 def blocks_cover_threads(spec: Spec):
     for phase in ("fwd", "bwd"):
         tiling = getattr(spec.tiling, phase)
-        if tiling.block < tiling.threads:
-            yield f"tiling.{phase}.block", (
-                f"must be at least threads ({tiling.threads}): one element per thread or more "
-                f"(got {tiling.block})"
-            )
+        if problem := too_few_elements(tiling.block, tiling.threads):
+            yield f"tiling.{phase}.block", problem
 
 
 def channel_tiles_fit_blocks(spec: Spec):
@@ -134,40 +114,25 @@ def channel_tiles_fit_blocks(spec: Spec):
 
 def bwd_block_fits_registers(spec: Spec):
     bwd = spec.tiling.bwd
-    if bwd.block > MAX_BWD_ELEMENTS_PER_THREAD * bwd.threads:
-        yield "tiling.bwd.block", (
-            f"must be at most {MAX_BWD_ELEMENTS_PER_THREAD} x threads "
-            f"({MAX_BWD_ELEMENTS_PER_THREAD * bwd.threads}): each thread holds the fp32 dw terms "
-            f"of its elements in registers (got {bwd.block})"
-        )
+    if problem := too_many_elements(bwd.block, bwd.threads, MAX_BWD_ELEMENTS_PER_THREAD,
+                                    "the fp32 dw terms of its elements"):
+        yield "tiling.bwd.block", problem
 
 
 def tested_shapes_have_tails(spec: Spec):
     weight = spec.scaled_silu.weight
     shapes = spec.test.shapes
-    if not shapes:
-        return
     if weight == "scalar":
         smallest = min(spec.tiling.fwd.block, spec.tiling.bwd.block)
-        if all(math.prod(s) % smallest == 0 for s in shapes):
-            yield "test.shapes", (
-                f"add a shape whose element count is not a multiple of {smallest} (the smallest "
-                "block), e.g. [4097]: tail blocks are where guard bugs hide"
-            )
+        yield from untested_tail(shapes, math.prod, smallest, "element count is",
+                                 "the smallest block", "[4097]", "tail blocks are")
         return
     tiles = [tile(weight, getattr(spec.tiling, p)) for p in ("fwd", "bwd")]
-    cols = min(c for _, c in tiles)
-    rows = min(r for r, _ in tiles)
-    if all(s[-1] % cols == 0 for s in shapes):
-        yield "test.shapes", (
-            f"add a shape whose last dim (C) is not a multiple of {cols} (the smallest "
-            "block_channels), e.g. [3, 1000, 77]: tail channels are where guard bugs hide"
-        )
-    if rows > 1 and all(matrix(weight, s)[0] % rows == 0 for s in shapes):
-        yield "test.shapes", (
-            f"add a shape whose rows (elements / last dim) are not a multiple of {rows} (the "
-            "smallest tile's rows), e.g. [3, 1000, 77]: tail rows are where guard bugs hide"
-        )
+    yield from untested_tail(shapes, lambda s: s[-1], min(c for _, c in tiles), "last dim (C) is",
+                             "the smallest block_channels", "[3, 1000, 77]", "tail channels are")
+    yield from untested_tail(shapes, lambda s: matrix(weight, s)[0], min(r for r, _ in tiles),
+                             "rows (elements / last dim) are", "the smallest tile's rows",
+                             "[3, 1000, 77]", "tail rows are")
 
 
 # The scaled_silu rules, in the order their problems are reported (after the shared ones).
@@ -176,8 +141,9 @@ RULES = (blocks_cover_threads, channel_tiles_fit_blocks, bwd_block_fits_register
 
 
 Spec = family_spec(
-    "scaled_silu", RULES, scaled_silu=ScaledSiluSection, grads=WeightGrads, saved=ScaledSiluSaved,
-    tiling=ScaledSiluTiling, test=ScaledSiluTest, bench=ScaledSiluBench,
+    "scaled_silu", RULES, scaled_silu=ScaledSiluSection, grads=WeightGrads, saved=SavedSigmoid,
+    tiling=DEFAULT_TILING, test=TestSection.of(TensorShape, DEFAULT_TEST_SHAPES),
+    bench=BenchSection.of(MatrixShape, shapes_of(MatrixShape, DEFAULT_BENCH_SHAPES), "float16"),
 )
 
 
@@ -282,7 +248,7 @@ def _compile_jobs(spec, kernels, tail_case, test_reductions) -> tuple[CompileJob
     rows, cols = matrix(weight, tail_case.shape)
     jobs = []
     for dtype in spec.dtypes:
-        jobs += jobs_for(rows, cols, dtype, (False, True), test_reductions, "")
+        jobs += jobs_for(rows, cols, dtype, TESTED_SAVES, test_reductions, "")
     for shape in spec.bench.shapes:
         b_rows, b_cols = matrix(weight, (shape.rows, shape.channels))
         jobs += jobs_for(b_rows, b_cols, spec.bench.dtype, (save_default,),
@@ -311,27 +277,19 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     parts = n_blocks if p.weight == "scalar" else row_blocks * cols
     fwd_bytes, bwd_bytes = bytes_moved(p.weight, numel, channels, elem, w_elem)
     partials = 0 if p.dw_reduction == "atomic" else 4 * parts
-    title = (f"shape: rows={n_rows} channels={channels} dtype={dtype} ({numel} elements; "
-             f"{p.weight} weight; kernels see [{rows}, {cols}])")
-    return [
-        (title, []),
-        kernels_table(p.kernels, grids),
-        saved_table(p, sizes, "recomputed in backward from x"),
+    return explain_tables(
+        p, (f"rows={n_rows} channels={channels} dtype={dtype} ({numel} elements; {p.weight} "
+            f"weight; kernels see [{rows}, {cols}])"),
+        grids, sizes, "recomputed in backward from x",
         weight_grads_table(p, numel * elem, w_numel, per_address, parts),
         bytes_moved_table(fwd_bytes, bwd_bytes, "sigmoid(x)",
                           sizes["sigmoid"] if p.save_sigmoid else 0, partials),
-    ]
+    )
 
 
 FAMILY = Family(
-    name="scaled_silu",
+    Spec, plan, explain, SCAFFOLDS,
     description=("scaled SiLU w * silu(x), w a scalar or per channel: fwd, bwd (dx direct; dw "
                  "atomic or split)"),
-    spec=Spec,
-    plan=plan,
-    explain=explain,
-    scaffolds=SCAFFOLDS,
-    template_dir="scaled_silu",
     shape_keys=("rows", "channels", "dtype"),
-    required_shape_keys=("rows", "channels"),
 )

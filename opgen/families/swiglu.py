@@ -17,28 +17,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
-
-from pydantic import AfterValidator
+from typing import Any, Literal
 
 from opgen.families.contract import Family, scaffold
-from opgen.plan import (DTYPE_BYTES, BytesBenchCase, CompileJob, GradPlan, PlanBase, ShapeCase,
-                        SourceInfo, Table, base_fields, ceildiv, format_bytes, kernel_plan,
-                        kernels_table, not_positive, refuse_shape, saved_table)
-from opgen.spec import (BenchSection, Block, DirectGrad, Dtype, MatrixShape, StrictModel,
-                        TensorShape, TestSection, Threads, family_spec, tiling_section)
+from opgen.plan import (DTYPE_BYTES, TESTED_SAVES, BytesBenchCase, CompileJob, GradPlan, PlanBase,
+                        ShapeCase, SourceInfo, Table, base_fields, ceildiv, explain_tables,
+                        format_bytes, kernel_plan, not_positive, refuse_shape)
+from opgen.spec import (BenchSection, Block, DirectGrad, MatrixShape, RowBlock, SavedSigmoid,
+                        StrictModel, TensorShape, TestSection, Threads, family_spec, shapes_of,
+                        untested_tail)
 
 # Each thread keeps its elements' fp32 values in registers: at most this many per thread.
 MAX_ELEMENTS_PER_THREAD = 64
-
-
-def _row_block(value: int) -> int:
-    if value < 1 or value & (value - 1):
-        raise ValueError("must be a power of two >= 1")
-    return value
-
-
-RowBlock = Annotated[int, AfterValidator(_row_block)]
 
 
 class ElementwiseTiling(StrictModel):
@@ -49,21 +39,23 @@ class ElementwiseTiling(StrictModel):
     threads: Threads
 
 
-# Hopper defaults for a memory-bound op: 256 threads, 8 x 512 tiles (16 elements per thread,
-# vector loads along rows of 1 KiB of 16-bit data).
-DEFAULT_TILING = {
-    "fwd": ElementwiseTiling(block_rows=8, block_cols=512, threads=256),
-    "bwd": ElementwiseTiling(block_rows=8, block_cols=512, threads=256),
-}
+# Hopper defaults for a memory-bound op, in both phases: 256 threads, 8 x 512 tiles (16 elements
+# per thread, vector loads along rows of 1 KiB of 16-bit data).
+DEFAULT_TILING = dict.fromkeys(("fwd", "bwd"),
+                               ElementwiseTiling(block_rows=8, block_cols=512, threads=256))
 
-DEFAULT_SHAPES = ((3, 333, 77), (4097,), (64, 1024), (9, 1100))
+# Shapes of a (and of b; a fused x has the last dim doubled). Keep a last dim and a row count
+# (numel // last dim) that are not multiples of the blocks: tails are where guard bugs hide.
+DEFAULT_TEST_SHAPES = ((3, 333, 77), (4097,), (64, 1024), (9, 1100))
+# a and b of [rows, channels]: Llama-7B's (C = 11008) and Llama-3-8B's (C = 14336) MLP widths.
+DEFAULT_BENCH_SHAPES = ((8192, 11008), (4096, 14336))
 
 # `opgen new <scaffold>`: the data each commented scaffold is rendered from.
 SCAFFOLDS = {
     "swiglu": scaffold(
         "SwiGLU y = silu(a) * b (the gate of Llama-style MLPs), fwd and bwd", DEFAULT_TILING,
-        input="pair", sigmoid="recompute", shapes=list(DEFAULT_SHAPES), bench_dtype="bfloat16",
-        bench=[(8192, 11008), (4096, 14336)],
+        input="pair", sigmoid="recompute", shapes=list(DEFAULT_TEST_SHAPES),
+        bench_dtype="bfloat16", bench=list(DEFAULT_BENCH_SHAPES),
     ),
 }
 
@@ -80,29 +72,6 @@ class SwigluGrads(StrictModel):
     # into the two halves of dx).
     da: DirectGrad = DirectGrad()
     db: DirectGrad = DirectGrad()
-
-
-class SwigluSaved(StrictModel):
-    # recompute: the forward saves a and b, the backward recomputes sigmoid(a). save: the forward
-    # also writes sigmoid(a) in fp32 (4 more bytes per element held between forward and backward;
-    # no exp in the backward).
-    sigmoid: Literal["recompute", "save"] = "recompute"
-
-
-SwigluTiling = tiling_section("SwigluTiling", DEFAULT_TILING)
-
-
-class SwigluTest(TestSection):
-    # Shapes of a (and of b; a fused x has the last dim doubled). Keep a last dim and a row count
-    # (numel // last dim) that are not multiples of the blocks: tails are where guard bugs hide.
-    shapes: tuple[TensorShape, ...] = DEFAULT_SHAPES
-
-
-class SwigluBench(BenchSection):
-    dtype: Dtype = "bfloat16"
-    # a and b of [rows, channels]: Llama-7B's (C = 11008) and Llama-3-8B's (C = 14336) MLP widths.
-    shapes: tuple[MatrixShape, ...] = (MatrixShape(rows=8192, channels=11008),
-                                       MatrixShape(rows=4096, channels=14336))
 
 
 def tiles_fit_threads(spec):
@@ -124,22 +93,14 @@ def tiles_fit_threads(spec):
 
 def tested_shapes_have_tails(spec):
     shapes = spec.test.shapes
-    if not shapes:
-        return
-    tilings = [getattr(spec.tiling, p) for p in ("fwd", "bwd")]
-    cols = min(t.block_cols for t in tilings)
-    if all(s[-1] % cols == 0 for s in shapes):
-        yield "test.shapes", (
-            f"add a shape whose last dim (C) is not a multiple of {cols} (the smallest "
-            "block_cols), e.g. [3, 333, 77]: tail columns are where guard bugs hide"
-        )
-    row_blocks = [t.block_rows for t in tilings if t.block_rows > 1]
-    if row_blocks and all(matrix(s)[0] % min(row_blocks) == 0 for s in shapes):
-        yield "test.shapes", (
-            f"add a shape whose rows (elements / last dim) are not a multiple of "
-            f"{min(row_blocks)} (the smallest block_rows above 1), e.g. [3, 333, 77]: tail rows "
-            "are where guard bugs hide"
-        )
+    tilings = (spec.tiling.fwd, spec.tiling.bwd)
+    yield from untested_tail(shapes, lambda s: s[-1], min(t.block_cols for t in tilings),
+                             "last dim (C) is", "the smallest block_cols", "[3, 333, 77]",
+                             "tail columns are")
+    yield from untested_tail(shapes, lambda s: matrix(s)[0],
+                             min((t.block_rows for t in tilings if t.block_rows > 1), default=1),
+                             "rows (elements / last dim) are", "the smallest block_rows above 1",
+                             "[3, 333, 77]", "tail rows are")
 
 
 # The swiglu rules, in the order their problems are reported (after the shared ones).
@@ -147,8 +108,9 @@ RULES = (tiles_fit_threads, tested_shapes_have_tails)
 
 
 Spec = family_spec(
-    "swiglu", RULES, swiglu=SwigluSection, grads=SwigluGrads, saved=SwigluSaved,
-    tiling=SwigluTiling, test=SwigluTest, bench=SwigluBench,
+    "swiglu", RULES, swiglu=SwigluSection, grads=SwigluGrads, saved=SavedSigmoid,
+    tiling=DEFAULT_TILING, test=TestSection.of(TensorShape, DEFAULT_TEST_SHAPES),
+    bench=BenchSection.of(MatrixShape, shapes_of(MatrixShape, DEFAULT_BENCH_SHAPES), "bfloat16"),
 )
 
 
@@ -247,7 +209,7 @@ def _compile_jobs(spec, kernels, tail_case, fused) -> tuple[CompileJob, ...]:
     layouts = (halves,) if fused else (contiguous, halves)
     jobs = []
     for dtype in spec.dtypes:
-        jobs += jobs_for(rows, cols, dtype, (False, True), layouts, "")
+        jobs += jobs_for(rows, cols, dtype, TESTED_SAVES, layouts, "")
     for shape in spec.bench.shapes:
         c = shape.channels
         bench_layout = ((2 * c, 2 * c, 2 * c), "fused") if fused else ((c, c, c), "contiguous")
@@ -273,10 +235,9 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     aux = sizes["sigmoid"] if p.save_sigmoid else 0
     form = ("x of rows x 2*channels split in halves, a the first" if p.fused
             else "a and b of rows x channels")
-    return [
-        (f"shape: rows={rows} channels={channels} dtype={dtype} ({form})", []),
-        kernels_table(p.kernels, grids),
-        saved_table(p, sizes, "recomputed in backward from a"),
+    return explain_tables(
+        p, f"rows={rows} channels={channels} dtype={dtype} ({form})", grids, sizes,
+        "recomputed in backward from a",
         ("gradients", [["grad", "reduction", "buffer", "bytes", "why"], *grad_rows]),
         ("bytes moved (the benchmark divides the first column by the time)", [
             ["pass", "op bytes", "kernel bytes", "what"],
@@ -285,17 +246,11 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
             ["backward", format_bytes(bwd_bytes), format_bytes(bwd_bytes + aux),
              "dy, a, b read; da, db written" + ("; the kernel also reads sigmoid(a)" if aux else "")],
         ]),
-    ]
+    )
 
 
 FAMILY = Family(
-    name="swiglu",
+    Spec, plan, explain, SCAFFOLDS,
     description="SwiGLU silu(a) * b, a and b two tensors or the halves of one: fwd, bwd (da, db)",
-    spec=Spec,
-    plan=plan,
-    explain=explain,
-    scaffolds=SCAFFOLDS,
-    template_dir="swiglu",
     shape_keys=("rows", "channels", "dtype"),
-    required_shape_keys=("rows", "channels"),
 )
