@@ -65,7 +65,8 @@ def variants_under_test(p) -> list[tuple[str, ...]]:
                 for v in [*(("fwd", d, f"bias={b}") for b in p.bias_variants), ("bwd_da", d),
                           ("bwd_db", d), *([("bwd_dbias", d)] if p.bias else [])]]
     if p.family == "linear_attention":
-        return [(k, d, "x".join(map(str, case.args)))
+        # batch and seq_len are symbolic: a variant is its heads and head dims.
+        return [(k, d, f"h{case.heads}", f"dk{case.dim_k}", f"dv{case.dim_v}")
                 for k, d, case in itertools.product(("fwd", "bwd"), p.dtypes, p.test_cases)]
     assert p.family == "attention", p.family
     modes = []

@@ -2,7 +2,11 @@
 # Edit the spec and run `opgen build specs/attention.toml` instead.
 """Autograd of `attention` as torch.library custom ops: input checks, buffers, kernel phases."""
 
+from concurrent.futures import ThreadPoolExecutor
+
+import tilelang
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .kernels import (
     BWD_TILING,
@@ -38,6 +42,59 @@ ALLOC = {
     "direct": torch.empty,
     "split": torch.empty,
 }
+
+# Compiled kernels by factory and arguments. Each entry is the kernel's compiled entry point: it
+# checks every argument's shape, dtype and device, binds the symbolic dims and launches on the
+# current stream. Calling it directly saves the ~20 us of host time that TileLang's Python
+# wrapper and its factory lookup add to every launch.
+KERNELS = {}
+
+
+def kernel(factory, *args, **tiling):
+    """The compiled kernel of factory(*args, **tiling), built on first use."""
+    key = (id(factory), args, tuple(tiling.values()))  # a JITImpl does not hash
+    entry = KERNELS.get(key)
+    if entry is None:
+        entry = KERNELS[key] = entry_point(factory(*args, **tiling))
+    return entry
+
+
+def entry_point(compiled):
+    adapter = compiled.adapter
+    if not hasattr(adapter, "get_exportable_executable"):
+        return compiled  # another TileLang execution backend: its own call
+    return adapter.get_exportable_executable().jit().get_function("main")
+
+
+def prebuild(calls):
+    """Build the kernels of calls, (factory, args, tiling) triples, that are not built yet, all at
+    once: lowering releases the GIL and nvcc is a subprocess, so a new variant waits for its
+    slowest kernel instead of the sum of all."""
+    missing = {}
+    for factory, args, tiling in calls:
+        key = (id(factory), args, tuple(tiling.values()))
+        if key not in KERNELS and key not in missing:
+            missing[key] = (factory, factory.get_tir(*args, **tiling))
+    if not missing:
+        return
+    with ThreadPoolExecutor(len(missing)) as pool:
+        builds = {key: pool.submit(build, *job) for key, job in missing.items()}
+        for key, future in builds.items():
+            KERNELS[key] = entry_point(future.result())
+
+
+def build(factory, prim_func):
+    """What factory(...) compiles for prim_func, with the factory's compile options."""
+    return tilelang.compile(
+        prim_func,
+        out_idx=factory.out_idx,
+        execution_backend=factory.execution_backend,
+        target=factory.target,
+        target_host=factory.target_host,
+        verbose=factory.verbose,
+        pass_configs=factory.pass_configs,
+        compile_flags=factory.compile_flags,
+    )
 
 
 def dims(t, layout):
@@ -120,6 +177,45 @@ def check_inputs(q, k, v, causal, window, layout):
         )
 
 
+def reductions(heads, kv_heads, dk_reduction=DK_REDUCTION, dv_reduction=DV_REDUCTION):
+    """The dK/dV reductions of a call: each KV head with one query head writes directly."""
+    return ("direct", "direct") if heads == kv_heads else (dk_reduction, dv_reduction)
+
+
+def variant_calls(
+    heads, kv_heads, head_dim, causal, window, layout, dtype, dk_reduction, dv_reduction
+):
+    """(factory, args, tiling) of each phase's kernel for one variant: what the phases launch,
+    and what the first forward of a new variant builds at once."""
+    return {
+        "fwd": (
+            attention_fwd,
+            (heads, kv_heads, head_dim, causal, window, layout, dtype),
+            FWD_TILING,
+        ),
+        "preprocess": (
+            attention_bwd_preprocess,
+            (heads, head_dim, layout, dtype),
+            PREPROCESS_TILING,
+        ),
+        "bwd": (
+            attention_bwd,
+            (heads, kv_heads, head_dim, causal, window, layout, dtype, dk_reduction, dv_reduction),
+            BWD_TILING,
+        ),
+        "postprocess": (
+            attention_bwd_postprocess,
+            (heads, head_dim, layout, dtype),
+            POSTPROCESS_TILING,
+        ),
+    }
+
+
+def launcher(call):
+    factory, args, tiling = call
+    return kernel(factory, *args, **tiling)
+
+
 def run_forward(q, k, v, causal, window, layout):
     """The forward kernel: returns O and lse (fp32, log2 domain)."""
     batch, heads, seq_len, head_dim = dims(q, layout)
@@ -127,19 +223,24 @@ def run_forward(q, k, v, causal, window, layout):
         # batch, heads or seq_len 0: empty work builds and launches no kernel.
         return q.new_empty(q.shape), q.new_empty((batch, heads, seq_len), dtype=torch.float32)
     kv_heads = dims(k, layout)[1]
-    fwd = attention_fwd(
-        batch,
+    calls = variant_calls(
         heads,
         kv_heads,
-        seq_len,
         head_dim,
         causal,
         window or 0,
         layout,
         DTYPE_NAMES[q.dtype],
-        **FWD_TILING,
+        *reductions(heads, kv_heads),
     )
-    return fwd(q, k, v)
+    fwd_factory, fwd_args, _ = calls["fwd"]
+    if (id(fwd_factory), fwd_args, tuple(FWD_TILING.values())) not in KERNELS:
+        prebuild(calls.values())  # a new variant: its backward's kernels too, in parallel
+    fwd = launcher(calls["fwd"])
+    o = torch.empty_like(q)
+    lse = q.new_empty((batch, heads, seq_len), dtype=torch.float32)
+    fwd(q, k, v, o, lse)
+    return o, lse
 
 
 def run_backward(
@@ -164,15 +265,15 @@ def run_backward(
     kv_heads = dims(k, layout)[1]
     groups = heads // kv_heads
     dtype = DTYPE_NAMES[q.dtype]
-    if groups == 1:  # each KV head has one query head: dK/dV are written directly
-        dk_reduction = dv_reduction = "direct"
+    dk_reduction, dv_reduction = reductions(heads, kv_heads, dk_reduction, dv_reduction)
+    calls = variant_calls(
+        heads, kv_heads, head_dim, causal, window or 0, layout, dtype, dk_reduction, dv_reduction
+    )
     # Autograd may hand a non-contiguous or differently typed gradient.
     do = do.contiguous().to(q.dtype)
 
-    preprocess = attention_bwd_preprocess(
-        batch, heads, seq_len, head_dim, layout, dtype, **PREPROCESS_TILING
-    )
-    delta = preprocess(o, do)
+    delta = lse.new_empty(lse.shape)
+    launcher(calls["preprocess"])(o, do, delta)
 
     def dkv_alloc(reduction):
         shape, buffer_dtype = dkv_buffer(
@@ -194,49 +295,22 @@ def run_backward(
         device=q.device,
     )
     dk_buffer, dv_buffer = dkv_alloc(dk_reduction), dkv_alloc(dv_reduction)
-    bwd = attention_bwd(
-        batch,
-        heads,
-        kv_heads,
-        seq_len,
-        head_dim,
-        causal,
-        window or 0,
-        layout,
-        dtype,
-        dk_reduction,
-        dv_reduction,
-        **BWD_TILING,
-    )
-    bwd(q, k, v, do, lse, delta, dq_accum, dk_buffer, dv_buffer)
+    launcher(calls["bwd"])(q, k, v, do, lse, delta, dq_accum, dk_buffer, dv_buffer)
 
-    postprocess = attention_bwd_postprocess(
-        batch, heads, seq_len, head_dim, layout, dtype, **POSTPROCESS_TILING
-    )
-    dq = postprocess(dq_accum)
+    dq = torch.empty_like(q)
+    launcher(calls["postprocess"])(dq_accum, dq)
     dk, dv = dkv_finish(dk_buffer, dk_reduction), dkv_finish(dv_buffer, dv_reduction)
     return dq, dk, dv
 
 
-# The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
-# fake (shape) function and does not break the graph):
-#     opgen::attention_fwd, opgen::attention_bwd
-@torch.library.custom_op("opgen::attention_fwd", mutates_args=())
-def forward_op(
+def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, window: int, layout: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, lse: fp32, log2 domain); window 0: no sliding window."""
     return run_forward(q, k, v, causal, window, layout)
 
 
-@forward_op.register_fake
-def _(q, k, v, causal, window, layout):
-    batch, heads, seq_len, _ = dims(q, layout)
-    return q.new_empty(q.shape), q.new_empty((batch, heads, seq_len), dtype=torch.float32)
-
-
-@torch.library.custom_op("opgen::attention_bwd", mutates_args=())
-def backward_op(
+def backward_phases(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -249,6 +323,19 @@ def backward_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) by every backward phase, with the spec's dK/dV reductions."""
     return run_backward(q, k, v, o, lse, do, causal, window, layout)
+
+
+# The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
+# fake (shape) function and does not break the graph):
+#     opgen::attention_fwd, opgen::attention_bwd
+forward_op = torch.library.custom_op("opgen::attention_fwd", forward, mutates_args=())
+backward_op = torch.library.custom_op("opgen::attention_bwd", backward_phases, mutates_args=())
+
+
+@forward_op.register_fake
+def _(q, k, v, causal, window, layout):
+    batch, heads, seq_len, _ = dims(q, layout)
+    return q.new_empty(q.shape), q.new_empty((batch, heads, seq_len), dtype=torch.float32)
 
 
 @backward_op.register_fake
@@ -264,9 +351,13 @@ def setup_context(ctx, inputs, output):
     ctx.causal, ctx.window, ctx.layout = causal, window, layout
 
 
-def backward(ctx, do, _dlse):
+# The phases backward() calls: the custom ops here, their Python functions on the eager path.
+OP_PHASES = {"fwd": forward_op, "bwd": backward_op}
+
+
+def backward(ctx, do, _dlse, phases=OP_PHASES):
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = backward_op(q, k, v, o, lse, do, ctx.causal, ctx.window, ctx.layout)
+    dq, dk, dv = phases["bwd"](q, k, v, o, lse, do, ctx.causal, ctx.window, ctx.layout)
     # One gradient per forward input; None for causal, window and layout.
     return dq, dk, dv, None, None, None
 
@@ -274,9 +365,35 @@ def backward(ctx, do, _dlse):
 forward_op.register_autograd(backward, setup_context=setup_context)
 
 
+# Eagerly on CUDA tensors the formula runs as a plain autograd.Function that calls the phases'
+# Python functions: the dispatch of a torch.library op costs more host time than its kernels take
+# at small shapes. torch.compile, torch.export, fake tensors and tensor subclasses take the ops.
+EAGER_PHASES = {"fwd": forward, "bwd": backward_phases}
+
+
+class EagerFunction(torch.autograd.Function):
+    forward = staticmethod(forward)
+    setup_context = staticmethod(setup_context)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return backward(ctx, *grads, phases=EAGER_PHASES)
+
+
+def eager(t):
+    """Whether a call with first tensor t runs EagerFunction (else the custom op)."""
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.is_cuda
+        and not torch.compiler.is_compiling()
+        and _get_current_dispatch_mode() is None
+    )
+
+
 def apply_op(q, k, v, causal, window, layout):
-    """O from the custom op, without the input checks of attention(); window None or 0: none."""
-    return forward_op(q, k, v, causal, window or 0, layout)[0]
+    """O by the formula above, without the input checks of attention(); window None or 0: none."""
+    function = EagerFunction.apply if eager(q) else forward_op
+    return function(q, k, v, causal, window or 0, layout)[0]
 
 
 def attention(q, k, v, causal=False, layout="bshd"):

@@ -2,6 +2,9 @@
 # Edit the spec and run `opgen build specs/attention_sink.toml` instead.
 """Autograd of `attention_sink` as torch.library custom ops: input checks, buffers, kernel phases."""
 
+from concurrent.futures import ThreadPoolExecutor
+
+import tilelang
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -60,6 +63,37 @@ def entry_point(compiled):
     if not hasattr(adapter, "get_exportable_executable"):
         return compiled  # another TileLang execution backend: its own call
     return adapter.get_exportable_executable().jit().get_function("main")
+
+
+def prebuild(calls):
+    """Build the kernels of calls, (factory, args, tiling) triples, that are not built yet, all at
+    once: lowering releases the GIL and nvcc is a subprocess, so a new variant waits for its
+    slowest kernel instead of the sum of all."""
+    missing = {}
+    for factory, args, tiling in calls:
+        key = (id(factory), args, tuple(tiling.values()))
+        if key not in KERNELS and key not in missing:
+            missing[key] = (factory, factory.get_tir(*args, **tiling))
+    if not missing:
+        return
+    with ThreadPoolExecutor(len(missing)) as pool:
+        builds = {key: pool.submit(build, *job) for key, job in missing.items()}
+        for key, future in builds.items():
+            KERNELS[key] = entry_point(future.result())
+
+
+def build(factory, prim_func):
+    """What factory(...) compiles for prim_func, with the factory's compile options."""
+    return tilelang.compile(
+        prim_func,
+        out_idx=factory.out_idx,
+        execution_backend=factory.execution_backend,
+        target=factory.target,
+        target_host=factory.target_host,
+        verbose=factory.verbose,
+        pass_configs=factory.pass_configs,
+        compile_flags=factory.compile_flags,
+    )
 
 
 def dims(t, layout):
@@ -153,6 +187,46 @@ def check_inputs(q, k, v, sinks, causal, window, layout):
         )
 
 
+def reductions(heads, kv_heads, dk_reduction=DK_REDUCTION, dv_reduction=DV_REDUCTION):
+    """The dK/dV reductions of a call: each KV head with one query head writes directly."""
+    return ("direct", "direct") if heads == kv_heads else (dk_reduction, dv_reduction)
+
+
+def variant_calls(
+    heads, kv_heads, head_dim, causal, window, layout, dtype, dk_reduction, dv_reduction
+):
+    """(factory, args, tiling) of each phase's kernel for one variant: what the phases launch,
+    and what the first forward of a new variant builds at once."""
+    return {
+        "fwd": (
+            attention_sink_fwd,
+            (heads, kv_heads, head_dim, causal, window, layout, dtype),
+            FWD_TILING,
+        ),
+        "preprocess": (
+            attention_sink_bwd_preprocess,
+            (heads, head_dim, layout, dtype),
+            PREPROCESS_TILING,
+        ),
+        "bwd": (
+            attention_sink_bwd,
+            (heads, kv_heads, head_dim, causal, window, layout, dtype, dk_reduction, dv_reduction),
+            BWD_TILING,
+        ),
+        "postprocess": (
+            attention_sink_bwd_postprocess,
+            (heads, head_dim, layout, dtype),
+            POSTPROCESS_TILING,
+        ),
+        "dsinks": (attention_sink_bwd_dsinks, (heads,), DSINKS_TILING),
+    }
+
+
+def launcher(call):
+    factory, args, tiling = call
+    return kernel(factory, *args, **tiling)
+
+
 def run_forward(q, k, v, sinks, causal, window, layout):
     """The forward kernel: returns O and lse (fp32, log2 domain)."""
     batch, heads, seq_len, head_dim = dims(q, layout)
@@ -160,8 +234,7 @@ def run_forward(q, k, v, sinks, causal, window, layout):
         # batch, heads or seq_len 0: empty work builds and launches no kernel.
         return q.new_empty(q.shape), q.new_empty((batch, heads, seq_len), dtype=torch.float32)
     kv_heads = dims(k, layout)[1]
-    fwd = kernel(
-        attention_sink_fwd,
+    calls = variant_calls(
         heads,
         kv_heads,
         head_dim,
@@ -169,8 +242,12 @@ def run_forward(q, k, v, sinks, causal, window, layout):
         window or 0,
         layout,
         DTYPE_NAMES[q.dtype],
-        **FWD_TILING,
+        *reductions(heads, kv_heads),
     )
+    fwd_factory, fwd_args, _ = calls["fwd"]
+    if (id(fwd_factory), fwd_args, tuple(FWD_TILING.values())) not in KERNELS:
+        prebuild(calls.values())  # a new variant: its backward's kernels too, in parallel
+    fwd = launcher(calls["fwd"])
     o = torch.empty_like(q)
     lse = q.new_empty((batch, heads, seq_len), dtype=torch.float32)
     fwd(q, k, v, sinks.float(), o, lse)
@@ -205,15 +282,15 @@ def run_backward(
     kv_heads = dims(k, layout)[1]
     groups = heads // kv_heads
     dtype = DTYPE_NAMES[q.dtype]
-    if groups == 1:  # each KV head has one query head: dK/dV are written directly
-        dk_reduction = dv_reduction = "direct"
+    dk_reduction, dv_reduction = reductions(heads, kv_heads, dk_reduction, dv_reduction)
+    calls = variant_calls(
+        heads, kv_heads, head_dim, causal, window or 0, layout, dtype, dk_reduction, dv_reduction
+    )
     # Autograd may hand a non-contiguous or differently typed gradient.
     do = do.contiguous().to(q.dtype)
 
     delta = lse.new_empty(lse.shape)
-    kernel(attention_sink_bwd_preprocess, heads, head_dim, layout, dtype, **PREPROCESS_TILING)(
-        o, do, delta
-    )
+    launcher(calls["preprocess"])(o, do, delta)
 
     def dkv_alloc(reduction):
         shape, buffer_dtype = dkv_buffer(
@@ -235,30 +312,13 @@ def run_backward(
         device=q.device,
     )
     dk_buffer, dv_buffer = dkv_alloc(dk_reduction), dkv_alloc(dv_reduction)
-    bwd = kernel(
-        attention_sink_bwd,
-        heads,
-        kv_heads,
-        head_dim,
-        causal,
-        window or 0,
-        layout,
-        dtype,
-        dk_reduction,
-        dv_reduction,
-        **BWD_TILING,
-    )
-    bwd(q, k, v, do, lse, delta, dq_accum, dk_buffer, dv_buffer)
+    launcher(calls["bwd"])(q, k, v, do, lse, delta, dq_accum, dk_buffer, dv_buffer)
 
     dq = torch.empty_like(q)
-    kernel(attention_sink_bwd_postprocess, heads, head_dim, layout, dtype, **POSTPROCESS_TILING)(
-        dq_accum, dq
-    )
+    launcher(calls["postprocess"])(dq_accum, dq)
     dk, dv = dkv_finish(dk_buffer, dk_reduction), dkv_finish(dv_buffer, dv_reduction)
     dsinks_rows = torch.empty_like(lse)
-    kernel(attention_sink_bwd_dsinks, heads, **DSINKS_TILING)(
-        sinks.float(), lse, delta, dsinks_rows
-    )
+    launcher(calls["dsinks"])(sinks.float(), lse, delta, dsinks_rows)
     dsinks = dsinks_rows.sum(dim=(0, 2)).to(sinks.dtype)
     return dq, dk, dv, dsinks
 

@@ -23,20 +23,14 @@ from .autograd import (
     check_inputs,
     dims,
     forward_op,
-    kernel,
+    launcher,
     run_backward,
     run_forward,
     shape_of,
+    variant_calls,
     attention_sink,
 )
-from .kernels import (
-    BWD_TILING,
-    PREPROCESS_TILING,
-    attention_sink_bwd,
-    attention_sink_bwd_preprocess,
-    dkv_buffer,
-    dq_accum_seq_len,
-)
+from .kernels import dkv_buffer, dq_accum_seq_len
 from .reference import attention_sink_reference
 
 requires_cuda = pytest.mark.skipif(
@@ -186,9 +180,10 @@ def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduc
     name = DTYPE_NAMES[q.dtype]
     o, lse = run_forward(*tensors, causal, window, layout)
     delta = lse.new_empty(lse.shape)
-    kernel(attention_sink_bwd_preprocess, heads, head_dim, layout, name, **PREPROCESS_TILING)(
-        o, do, delta
+    calls = variant_calls(
+        heads, kv_heads, head_dim, causal, window or 0, layout, name, dk_reduction, dv_reduction
     )
+    launcher(calls["preprocess"])(o, do, delta)
     buffers = {
         "dQ": torch.zeros(
             shape_of(layout, batch, heads, dq_accum_seq_len(seq_len), head_dim),
@@ -201,19 +196,7 @@ def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduc
             layout, reduction, batch, heads, kv_heads, seq_len, head_dim, name
         )
         buffers[label] = ALLOC[reduction](shape, dtype=TORCH_DTYPES[buffer_dtype], device="cuda")
-    bwd = kernel(
-        attention_sink_bwd,
-        heads,
-        kv_heads,
-        head_dim,
-        causal,
-        window or 0,
-        layout,
-        name,
-        dk_reduction,
-        dv_reduction,
-        **BWD_TILING,
-    )
+    bwd = launcher(calls["bwd"])
 
     def launch():
         bwd(q, k, v, do, lse, delta, buffers["dQ"], buffers["dK"], buffers["dV"])

@@ -9,6 +9,7 @@ from tilelang.profiler.do_bench. A baseline that cannot compute this operator (s
 cannot run here prints its reason instead of a number."""
 
 import sys
+import time
 
 import torch
 from tilelang.profiler import do_bench
@@ -82,6 +83,21 @@ def candidates(seq_len, causal, window, grouped):
     }
 
 
+def make_inputs(batch, heads, kv_heads, seq_len, head_dim):
+    """The op's inputs in LAYOUT, requiring grad, and an upstream gradient dO."""
+    q = torch.randn(shape_of(LAYOUT, batch, heads, seq_len, head_dim), dtype=DTYPE, device="cuda")
+    k, v = (
+        torch.randn(
+            shape_of(LAYOUT, batch, kv_heads, seq_len, head_dim), dtype=DTYPE, device="cuda"
+        )
+        for _ in range(2)
+    )
+    inputs = [q, k, v]
+    for t in inputs:
+        t.requires_grad_()
+    return inputs, torch.randn_like(q)
+
+
 def bench_one(fn, inputs, do):
     fwd_ms = do_bench(lambda: fn(*inputs), warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
     o = fn(*inputs)
@@ -103,20 +119,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for batch, heads, kv_heads, seq_len, head_dim, causal, window, fwd_flops, bwd_flops in SHAPES:
         torch.manual_seed(0)
-        dtype = DTYPE
-        q = torch.randn(
-            shape_of(LAYOUT, batch, heads, seq_len, head_dim), dtype=dtype, device="cuda"
-        )
-        k, v = (
-            torch.randn(
-                shape_of(LAYOUT, batch, kv_heads, seq_len, head_dim), dtype=dtype, device="cuda"
-            )
-            for _ in range(2)
-        )
-        inputs = [q, k, v]
-        for t in inputs:
-            t.requires_grad_()
-        do = torch.randn_like(q)
+        inputs, do = make_inputs(batch, heads, kv_heads, seq_len, head_dim)
         for name, fn in candidates(seq_len, causal, window, kv_heads != heads).items():
             row = f"| {batch} | {heads} | {kv_heads} | {seq_len} | {head_dim} | {causal} | {window} | {name} |"
             if isinstance(fn, str):
@@ -134,5 +137,55 @@ def main():
         sys.stdout.flush()
 
 
+TINY = "batch 1, seq_len 128, heads and head dim of the first bench shape"
+
+
+def tiny_case():
+    torch.manual_seed(0)
+    _, heads, kv_heads, _, head_dim, causal, window, _, _ = SHAPES[0]
+    inputs, do = make_inputs(1, heads, kv_heads, 128, head_dim)
+    return candidates(128, causal, window, kv_heads != heads), inputs, do
+
+
+def host_us(fn, calls=300):
+    """Host time per call in us: back-to-back calls at a tiny shape, the best of 3 rounds."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def host_overhead():
+    """Each implementation's host time per call at a tiny shape: what a model pays per layer when
+    the kernels are short."""
+    fns, inputs, grad = tiny_case()
+    print(f"\n# host time per call at a tiny shape ({TINY}), us")
+    print("| implementation | fwd us | fwd+bwd us |")
+    print("|---|---|---|")
+    for name, fn in fns.items():
+        if isinstance(fn, str):
+            print(f"| {name} | {fn} | |")
+            continue
+        try:
+            fwd = host_us(lambda: fn(*inputs))
+            both = host_us(lambda: torch.autograd.grad(fn(*inputs), inputs, grad))
+        except Exception as exc:  # a baseline missing on this machine is reported, not fatal
+            print(
+                f"| {name} | n/a: {str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__} | |"
+            )
+            continue
+        print(f"| {name} | {fwd:.1f} | {both:.1f} |")
+    sys.stdout.flush()
+
+
 if __name__ == "__main__":
-    main()
+    if "--overhead" not in sys.argv[1:]:
+        main()
+    host_overhead()

@@ -2,8 +2,9 @@
 # Edit the spec and run `opgen build specs/gqa.toml` instead.
 """TileLang kernels of `gqa`: one @tilelang.jit factory per phase.
 
-Shapes, dtype, causal, window, layout and tiling are factory arguments, so one module serves every
-runtime shape; TileLang compiles and caches one kernel per argument set. Tensors: [batch, seq_len, heads, head_dim] for layout 'bshd'.
+Heads, head dim, dtype, causal, window, layout and tiling are factory arguments; batch and seq_len
+are symbolic (bound from the tensors at each call), so one compiled kernel per variant serves every
+batch and sequence length. Every buffer, outputs included, is passed in. Tensors: [batch, seq_len, heads, head_dim] for layout 'bshd'.
 """
 
 import tilelang
@@ -14,6 +15,12 @@ ACCUM = "float32"
 # Running row max starts finite: a row whose first key blocks are all masked (sliding window)
 # would otherwise compute exp2(-inf - -inf) = NaN.
 NEG_INIT = -1e30
+
+
+def runtime_dims():
+    """batch and seq_len as symbolic dims: a new length or batch compiles nothing."""
+    return T.dynamic("batch"), T.dynamic("seq_len")
+
 
 # Tiling per phase, from the spec's [tiling] tables.
 FWD_TILING = {"block_m": 128, "block_n": 64, "threads": 256, "num_stages": 1}
@@ -85,23 +92,12 @@ def _dq_layout(layout, dQ):
     )
 
 
-@tilelang.jit(out_idx=[3, 4], pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
+@tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
 def gqa_fwd(
-    batch,
-    heads,
-    kv_heads,
-    seq_len,
-    dim,
-    causal,
-    window,
-    layout,
-    dtype,
-    block_m,
-    block_n,
-    threads,
-    num_stages,
+    heads, kv_heads, dim, causal, window, layout, dtype, block_m, block_n, threads, num_stages
 ):
     """O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain). Grid (ceildiv(seq_len, block_m), heads, batch)."""
+    batch, seq_len = runtime_dims()
     scale = (1.0 / dim) ** 0.5 * LOG2E
     groups = heads // kv_heads
     q_shape = _shape(layout, batch, heads, seq_len, dim)
@@ -178,9 +174,10 @@ def gqa_fwd(
     return fwd
 
 
-@tilelang.jit(out_idx=[2])
-def gqa_bwd_preprocess(batch, heads, seq_len, dim, layout, dtype, block_m, threads):
+@tilelang.jit
+def gqa_bwd_preprocess(heads, dim, layout, dtype, block_m, threads):
     """Delta = rowsum(O * dO). Grid (ceildiv(seq_len, block_m), heads, batch)."""
+    batch, seq_len = runtime_dims()
     shape = _shape(layout, batch, heads, seq_len, dim)
     rows, _ = _indexers(layout)
 
@@ -207,10 +204,8 @@ def gqa_bwd_preprocess(batch, heads, seq_len, dim, layout, dtype, block_m, threa
 
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
 def gqa_bwd(
-    batch,
     heads,
     kv_heads,
-    seq_len,
     dim,
     causal,
     window,
@@ -225,15 +220,18 @@ def gqa_bwd(
 ):
     """dQ by fp32 atomics; dK, dV per query head, written, split or atomically added. Grid (heads, ceildiv(seq_len, block_m), batch).
 
-    One block per (query head, KV block): it walks the query blocks that see its keys. No out_idx:
-    dQ (fp32, zeroed, atomic target) and the dK/dV buffers of `dkv_buffer` are passed in.
+    One block per (query head, KV block): it walks the query blocks that see its keys. dQ (fp32,
+    zeroed, atomic target, dq_accum_seq_len rows) and the dK/dV buffers of `dkv_buffer` are passed in.
     """
+    batch, seq_len = runtime_dims()
     sm_scale = (1.0 / dim) ** 0.5
     scale = sm_scale * LOG2E
     groups = heads // kv_heads
     q_shape = _shape(layout, batch, heads, seq_len, dim)
     kv_shape = _shape(layout, batch, kv_heads, seq_len, dim)
-    dq_shape = _shape(layout, batch, heads, dq_accum_seq_len(seq_len), dim)
+    # The accumulator's padded row count is its own symbol: TVM cannot solve (seq_len + 7) // 8 * 8
+    # for seq_len when it binds the shapes of a call.
+    dq_shape = _shape(layout, batch, heads, T.dynamic("dq_rows"), dim)
     dk_shape, dk_dtype = dkv_buffer(
         layout, dk_reduction, batch, heads, kv_heads, seq_len, dim, dtype
     )
@@ -305,7 +303,12 @@ def gqa_bwd(
                 T.copy(rows(Q, bz, bx, k * block_n, block_n), q)
                 T.clear(qkT)
                 T.gemm(K_shared, q, qkT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(lse[bz, bx, k * block_n : (k + 1) * block_n], lse_shared)
+                # lse and Delta rows by element, not T.copy: a TMA copy needs 16-byte aligned row
+                # strides, which a symbolic seq_len cannot promise.
+                for j in T.Parallel(block_n):
+                    lse_shared[j] = T.if_then_else(
+                        k * block_n + j < seq_len, lse[bz, bx, k * block_n + j], 0
+                    )
                 # P^T recomputed from lse, zero where the query does not see the key.
                 for i, j in T.Parallel(block_m, block_n):
                     qkT[i, j] = T.exp2(qkT[i, j] * scale - lse_shared[j])
@@ -318,7 +321,10 @@ def gqa_bwd(
                 T.gemm(V_shared, do, dsT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 T.copy(qkT, qkT_cast)
                 T.gemm(qkT_cast, do, dv, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(Delta[bz, bx, k * block_n : (k + 1) * block_n], delta)
+                for j in T.Parallel(block_n):
+                    delta[j] = T.if_then_else(
+                        k * block_n + j < seq_len, Delta[bz, bx, k * block_n + j], 0
+                    )
                 for i, j in T.Parallel(block_m, block_n):
                     dsT_cast[i, j] = qkT[i, j] * (dsT[i, j] - delta[j]) * sm_scale
                 T.gemm(dsT_cast, q, dk, policy=T.GemmWarpPolicy.FullRow)
@@ -335,11 +341,12 @@ def gqa_bwd(
     return bwd
 
 
-@tilelang.jit(out_idx=[1])
-def gqa_bwd_postprocess(batch, heads, seq_len, dim, layout, dtype, block_m, threads):
+@tilelang.jit
+def gqa_bwd_postprocess(heads, dim, layout, dtype, block_m, threads):
     """cast the fp32 dQ accumulator (fragment layout) to the input dtype. Grid (ceildiv(seq_len, block_m), heads, batch)."""
+    batch, seq_len = runtime_dims()
     shape = _shape(layout, batch, heads, seq_len, dim)
-    dq_shape = _shape(layout, batch, heads, dq_accum_seq_len(seq_len), dim)
+    dq_shape = _shape(layout, batch, heads, T.dynamic("dq_rows"), dim)
     rows, _ = _indexers(layout)
 
     @T.prim_func

@@ -23,19 +23,14 @@ from .autograd import (
     check_inputs,
     dims,
     forward_op,
+    launcher,
     run_backward,
     run_forward,
     shape_of,
+    variant_calls,
     gqa,
 )
-from .kernels import (
-    BWD_TILING,
-    PREPROCESS_TILING,
-    gqa_bwd,
-    gqa_bwd_preprocess,
-    dkv_buffer,
-    dq_accum_seq_len,
-)
+from .kernels import dkv_buffer, dq_accum_seq_len
 from .reference import gqa_reference
 
 requires_cuda = pytest.mark.skipif(
@@ -180,9 +175,11 @@ def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduc
     kv_heads = dims(k, layout)[1]
     name = DTYPE_NAMES[q.dtype]
     o, lse = run_forward(*tensors, causal, window, layout)
-    delta = gqa_bwd_preprocess(batch, heads, seq_len, head_dim, layout, name, **PREPROCESS_TILING)(
-        o, do
+    delta = lse.new_empty(lse.shape)
+    calls = variant_calls(
+        heads, kv_heads, head_dim, causal, window or 0, layout, name, dk_reduction, dv_reduction
     )
+    launcher(calls["preprocess"])(o, do, delta)
     buffers = {
         "dQ": torch.zeros(
             shape_of(layout, batch, heads, dq_accum_seq_len(seq_len), head_dim),
@@ -195,20 +192,7 @@ def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduc
             layout, reduction, batch, heads, kv_heads, seq_len, head_dim, name
         )
         buffers[label] = ALLOC[reduction](shape, dtype=TORCH_DTYPES[buffer_dtype], device="cuda")
-    bwd = gqa_bwd(
-        batch,
-        heads,
-        kv_heads,
-        seq_len,
-        head_dim,
-        causal,
-        window or 0,
-        layout,
-        name,
-        dk_reduction,
-        dv_reduction,
-        **BWD_TILING,
-    )
+    bwd = launcher(calls["bwd"])
 
     def launch():
         bwd(q, k, v, do, lse, delta, buffers["dQ"], buffers["dK"], buffers["dV"])
@@ -301,6 +285,18 @@ def compile_case():
     return fn, inputs, do, dtype
 
 
+def length_cases():
+    """(function, inputs, dO) of one variant at several batch sizes and sequence lengths."""
+    _, heads, kv_heads, _, head_dim = SHAPES[0].values
+    causal, window = MASKS[-1].values
+    layout = LAYOUTS[0]
+    calls = []
+    for batch, seq_len in ((1, 64), (2, 77), (1, 333), (3, 1000), (1, 129)):
+        inputs, do = make_inputs(batch, heads, kv_heads, seq_len, head_dim, DTYPES[0], layout)
+        calls.append((lambda *t: gqa(*t, causal=causal, layout=layout), inputs, do))
+    return calls
+
+
 def opcheck_cases():
     """(op, args) for opcheck: with every mask, the forward op on inputs that require grad and the
     backward op on what that forward returns."""
@@ -329,6 +325,54 @@ def test_torch_compile_fullgraph():
     assert_close("compiled output", out, eager_out, dtype)
     for name in eager:
         assert_close(f"compiled d{name}", compiled[name], eager[name], dtype)
+
+
+@requires_cuda
+def test_cuda_graph_replays_forward_and_backward():
+    """fwd+bwd captured in one CUDA graph and replayed on new input values gives what an eager
+    call on those values gives: no host sync, no allocation outside the graph's pool, every launch
+    on the capturing stream."""
+    fn, inputs, grad_out, dtype = compile_case()
+    static = {
+        name: t.detach().clone().requires_grad_(t.requires_grad) for name, t in inputs.items()
+    }
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up (build the kernels) outside the capture
+        for _ in range(2):
+            fn(*static.values()).backward(grad_out)
+    torch.cuda.current_stream().wait_stream(stream)
+    for t in static.values():
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*static.values())
+        out.backward(grad_out)
+    for name, t in static.items():  # new values into the captured inputs
+        with torch.no_grad():
+            t.copy_(inputs[name].detach().flip(0) if t.dim() else inputs[name].detach())
+    graph.replay()
+    torch.cuda.synchronize()
+    fresh = {name: t.detach().clone().requires_grad_(t.requires_grad) for name, t in static.items()}
+    want = fn(*fresh.values())
+    want.backward(grad_out)
+    assert_close("replayed output", out, want, dtype)
+    for name, t in fresh.items():
+        if t.grad is not None:
+            assert_close(f"replayed d{name}", static[name].grad, t.grad, dtype)
+
+
+@requires_cuda
+def test_new_lengths_compile_nothing():
+    """Batch and sequence length are symbolic in the kernels: after the first call, fwd+bwd at
+    other sizes (odd ones included) builds no kernel."""
+    calls = length_cases()
+    assert len(calls) >= 4
+    counts = []
+    for fn, inputs, grad_out in calls:
+        fn(*inputs.values()).backward(grad_out)
+        counts.append(len(autograd.KERNELS))
+    assert counts[1:] == counts[:1] * (len(counts) - 1), f"kernels built per new size: {counts}"
 
 
 @requires_cuda

@@ -16,6 +16,7 @@ largest difference from opgen's, relative to opgen's largest |o|: every row comp
 """
 
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -81,6 +82,14 @@ def candidates():
     }
 
 
+def make_inputs(batch, seq_len, heads, dim_k, dim_v):
+    """q, k, v [B, S, H, D], requiring grad, and an upstream gradient dO."""
+    q = torch.randn(batch, seq_len, heads, dim_k, dtype=DTYPE, device="cuda").requires_grad_()
+    k = torch.randn(batch, seq_len, heads, dim_k, dtype=DTYPE, device="cuda").requires_grad_()
+    v = torch.randn(batch, seq_len, heads, dim_v, dtype=DTYPE, device="cuda").requires_grad_()
+    return (q, k, v), torch.randn(batch, seq_len, heads, dim_v, dtype=DTYPE, device="cuda")
+
+
 def bench_one(fn, inputs, do):
     """(fwd ms, bwd ms, o); the first calls build the kernels (TileLang, Triton): not timed."""
     o = fn(*inputs)
@@ -106,10 +115,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for batch, seq_len, heads, dim_k, dim_v, fwd_flops, bwd_flops in SHAPES:
         torch.manual_seed(0)
-        q = torch.randn(batch, seq_len, heads, dim_k, dtype=DTYPE, device="cuda").requires_grad_()
-        k = torch.randn(batch, seq_len, heads, dim_k, dtype=DTYPE, device="cuda").requires_grad_()
-        v = torch.randn(batch, seq_len, heads, dim_v, dtype=DTYPE, device="cuda").requires_grad_()
-        do = torch.randn(batch, seq_len, heads, dim_v, dtype=DTYPE, device="cuda")
+        (q, k, v), do = make_inputs(batch, seq_len, heads, dim_k, dim_v)
         opgen_o = None
         for name, fn in candidates().items():
             row = f"| {batch} | {seq_len} | {heads} | {dim_k} | {dim_v} | {name} |"
@@ -129,5 +135,55 @@ def main():
         sys.stdout.flush()
 
 
+TINY = "batch 1, seq_len 128, the heads and head dims of the first bench shape"
+
+
+def tiny_case():
+    torch.manual_seed(0)
+    _, _, heads, dim_k, dim_v, _, _ = SHAPES[0]
+    inputs, do = make_inputs(1, 128, heads, dim_k, dim_v)
+    return candidates(), inputs, do
+
+
+def host_us(fn, calls=300):
+    """Host time per call in us: back-to-back calls at a tiny shape, the best of 3 rounds."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def host_overhead():
+    """Each implementation's host time per call at a tiny shape: what a model pays per layer when
+    the kernels are short."""
+    fns, inputs, grad = tiny_case()
+    print(f"\n# host time per call at a tiny shape ({TINY}), us")
+    print("| implementation | fwd us | fwd+bwd us |")
+    print("|---|---|---|")
+    for name, fn in fns.items():
+        if isinstance(fn, str):
+            print(f"| {name} | {fn} | |")
+            continue
+        try:
+            fwd = host_us(lambda: fn(*inputs))
+            both = host_us(lambda: torch.autograd.grad(fn(*inputs), inputs, grad))
+        except Exception as exc:  # a baseline missing on this machine is reported, not fatal
+            print(
+                f"| {name} | n/a: {str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__} | |"
+            )
+            continue
+        print(f"| {name} | {fwd:.1f} | {both:.1f} |")
+    sys.stdout.flush()
+
+
 if __name__ == "__main__":
-    main()
+    if "--overhead" not in sys.argv[1:]:
+        main()
+    host_overhead()

@@ -10,6 +10,7 @@ from tilelang.profiler.do_bench. A baseline that cannot run here prints its reas
 number."""
 
 import sys
+import time
 
 import torch
 from tilelang.profiler import do_bench
@@ -36,6 +37,16 @@ def candidates():
     return {"opgen matmul": matmul, "torch.matmul (cuBLAS)": torch_matmul}
 
 
+def make_inputs(m, n, k):
+    """a [m, k], b [k, n] (and the bias), requiring grad, and an upstream gradient dC."""
+    a = torch.randn(m, k, dtype=DTYPE, device="cuda").requires_grad_()
+    b = torch.randn(k, n, dtype=DTYPE, device="cuda").requires_grad_()
+    inputs = (a, b)
+    if BIAS:
+        inputs += (torch.randn(n, dtype=DTYPE, device="cuda").requires_grad_(),)
+    return inputs, torch.randn(m, n, dtype=DTYPE, device="cuda")
+
+
 def bench_one(fn, inputs, dc):
     # The first calls build the kernels (TileLang): not timed.
     torch.autograd.grad(fn(*inputs), inputs, dc)
@@ -57,12 +68,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for m, n, k, fwd_flops, bwd_flops in SHAPES:
         torch.manual_seed(0)
-        a = torch.randn(m, k, dtype=DTYPE, device="cuda").requires_grad_()
-        b = torch.randn(k, n, dtype=DTYPE, device="cuda").requires_grad_()
-        inputs = (a, b)
-        if BIAS:
-            inputs += (torch.randn(n, dtype=DTYPE, device="cuda").requires_grad_(),)
-        dc = torch.randn(m, n, dtype=DTYPE, device="cuda")
+        inputs, dc = make_inputs(m, n, k)
         for name, fn in candidates().items():
             row = f"| {m} | {n} | {k} | {name} |"
             try:
@@ -76,5 +82,54 @@ def main():
         sys.stdout.flush()
 
 
+TINY = "M = N = K = 64"
+
+
+def tiny_case():
+    torch.manual_seed(0)
+    inputs, dc = make_inputs(64, 64, 64)
+    return candidates(), inputs, dc
+
+
+def host_us(fn, calls=300):
+    """Host time per call in us: back-to-back calls at a tiny shape, the best of 3 rounds."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def host_overhead():
+    """Each implementation's host time per call at a tiny shape: what a model pays per layer when
+    the kernels are short."""
+    fns, inputs, grad = tiny_case()
+    print(f"\n# host time per call at a tiny shape ({TINY}), us")
+    print("| implementation | fwd us | fwd+bwd us |")
+    print("|---|---|---|")
+    for name, fn in fns.items():
+        if isinstance(fn, str):
+            print(f"| {name} | {fn} | |")
+            continue
+        try:
+            fwd = host_us(lambda: fn(*inputs))
+            both = host_us(lambda: torch.autograd.grad(fn(*inputs), inputs, grad))
+        except Exception as exc:  # a baseline missing on this machine is reported, not fatal
+            print(
+                f"| {name} | n/a: {str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__} | |"
+            )
+            continue
+        print(f"| {name} | {fwd:.1f} | {both:.1f} |")
+    sys.stdout.flush()
+
+
 if __name__ == "__main__":
-    main()
+    if "--overhead" not in sys.argv[1:]:
+        main()
+    host_overhead()

@@ -10,6 +10,7 @@ counted). Median times from tilelang.profiler.do_bench. A baseline that cannot r
 reason instead of a number."""
 
 import sys
+import time
 
 import torch
 import torch._functorch.config as functorch_config
@@ -32,6 +33,12 @@ def eager(x, w):
     if hasattr(torch.nn.functional, "rms_norm"):
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, EPS)
     return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + EPS).to(x.dtype) * w
+
+
+def make_x_and_w(rows, channels):
+    x = torch.randn(rows, channels, dtype=DTYPE, device="cuda").requires_grad_()
+    w = torch.randn(channels, device="cuda").to(weight_dtype(x)).requires_grad_()
+    return x, w
 
 
 def candidates():
@@ -68,8 +75,7 @@ def main():
     print("|---|---|---|---|---|---|---|")
     for rows, channels, fwd_bytes, bwd_bytes in SHAPES:
         torch.manual_seed(0)
-        x = torch.randn(rows, channels, dtype=DTYPE, device="cuda").requires_grad_()
-        w = torch.randn(channels, device="cuda").to(weight_dtype(x)).requires_grad_()
+        x, w = make_x_and_w(rows, channels)
         dy = torch.randn_like(x)
         for name, fn in candidates().items():
             row = f"| {rows} | {channels} | {name} |"
@@ -84,5 +90,54 @@ def main():
         sys.stdout.flush()
 
 
+TINY = "x [8, 1024]"
+
+
+def tiny_case():
+    torch.manual_seed(0)
+    x, w = make_x_and_w(8, 1024)
+    return candidates(), (x, w), torch.randn_like(x)
+
+
+def host_us(fn, calls=300):
+    """Host time per call in us: back-to-back calls at a tiny shape, the best of 3 rounds."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def host_overhead():
+    """Each implementation's host time per call at a tiny shape: what a model pays per layer when
+    the kernels are short."""
+    fns, inputs, grad = tiny_case()
+    print(f"\n# host time per call at a tiny shape ({TINY}), us")
+    print("| implementation | fwd us | fwd+bwd us |")
+    print("|---|---|---|")
+    for name, fn in fns.items():
+        if isinstance(fn, str):
+            print(f"| {name} | {fn} | |")
+            continue
+        try:
+            fwd = host_us(lambda: fn(*inputs))
+            both = host_us(lambda: torch.autograd.grad(fn(*inputs), inputs, grad))
+        except Exception as exc:  # a baseline missing on this machine is reported, not fatal
+            print(
+                f"| {name} | n/a: {str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__} | |"
+            )
+            continue
+        print(f"| {name} | {fwd:.1f} | {both:.1f} |")
+    sys.stdout.flush()
+
+
 if __name__ == "__main__":
-    main()
+    if "--overhead" not in sys.argv[1:]:
+        main()
+    host_overhead()

@@ -10,6 +10,7 @@ tilelang.profiler.do_bench. A baseline that cannot run here prints its reason in
 number."""
 
 import sys
+import time
 
 import torch
 import torch._functorch.config as functorch_config
@@ -33,6 +34,13 @@ def weight_shape(shape):
 def eager(x, w):
     """What one writes in PyTorch: w in x's dtype, times silu(x)."""
     return torch.nn.functional.silu(x) * w.to(x.dtype)
+
+
+def make_x_and_w(rows, channels):
+    shape = (rows, channels)
+    x = torch.randn(shape, dtype=DTYPE, device="cuda").requires_grad_()
+    w = torch.randn(weight_shape(shape), device="cuda").to(weight_dtype(x)).requires_grad_()
+    return x, w
 
 
 def candidates():
@@ -69,9 +77,7 @@ def main():
     print("|---|---|---|---|---|---|---|")
     for rows, channels, fwd_bytes, bwd_bytes in SHAPES:
         torch.manual_seed(0)
-        shape = (rows, channels)
-        x = torch.randn(shape, dtype=DTYPE, device="cuda").requires_grad_()
-        w = torch.randn(weight_shape(shape), device="cuda").to(weight_dtype(x)).requires_grad_()
+        x, w = make_x_and_w(rows, channels)
         dy = torch.randn_like(x)
         for name, fn in candidates().items():
             row = f"| {rows} | {channels} | {name} |"
@@ -86,5 +92,54 @@ def main():
         sys.stdout.flush()
 
 
+TINY = "x [8, 1024]"
+
+
+def tiny_case():
+    torch.manual_seed(0)
+    x, w = make_x_and_w(8, 1024)
+    return candidates(), (x, w), torch.randn_like(x)
+
+
+def host_us(fn, calls=300):
+    """Host time per call in us: back-to-back calls at a tiny shape, the best of 3 rounds."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def host_overhead():
+    """Each implementation's host time per call at a tiny shape: what a model pays per layer when
+    the kernels are short."""
+    fns, inputs, grad = tiny_case()
+    print(f"\n# host time per call at a tiny shape ({TINY}), us")
+    print("| implementation | fwd us | fwd+bwd us |")
+    print("|---|---|---|")
+    for name, fn in fns.items():
+        if isinstance(fn, str):
+            print(f"| {name} | {fn} | |")
+            continue
+        try:
+            fwd = host_us(lambda: fn(*inputs))
+            both = host_us(lambda: torch.autograd.grad(fn(*inputs), inputs, grad))
+        except Exception as exc:  # a baseline missing on this machine is reported, not fatal
+            print(
+                f"| {name} | n/a: {str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__} | |"
+            )
+            continue
+        print(f"| {name} | {fwd:.1f} | {both:.1f} |")
+    sys.stdout.flush()
+
+
 if __name__ == "__main__":
-    main()
+    if "--overhead" not in sys.argv[1:]:
+        main()
+    host_overhead()

@@ -11,6 +11,7 @@ bound a memory-bound op can reach. Median times from tilelang.profiler.do_bench.
 cannot run here prints its reason instead of a number."""
 
 import sys
+import time
 
 import torch
 import torch._functorch.config as functorch_config
@@ -52,6 +53,12 @@ def copy_gbs(numel):
     return 2 * src.numel() * src.element_size() / ms / 1e6
 
 
+def make_inputs(rows, channels):
+    """The op's inputs for a [rows, channels] output, requiring grad, and its upstream gradient."""
+    inputs = (torch.randn(rows, 2 * channels, device="cuda").to(DTYPE).requires_grad_(),)
+    return inputs, torch.randn(rows, channels, device="cuda").to(DTYPE)
+
+
 def bench_one(fn, inputs, dy):
     # The first calls compile (torch.compile) and build the kernels (TileLang): not timed.
     torch.autograd.grad(fn(*inputs), inputs, dy)
@@ -77,9 +84,7 @@ def main():
         torch.manual_seed(0)
         copy = copy_gbs(rows * channels)
         print(f"| {rows} | {channels} | device copy | | {copy:.0f} | | {copy:.0f} | 100% | 100% |")
-        x = torch.randn(rows, 2 * channels, device="cuda").to(DTYPE).requires_grad_()
-        inputs = (x,)
-        dy = torch.randn(rows, channels, device="cuda").to(DTYPE)
+        inputs, dy = make_inputs(rows, channels)
         for name, fn in candidates().items():
             row = f"| {rows} | {channels} | {name} |"
             try:
@@ -96,5 +101,54 @@ def main():
         sys.stdout.flush()
 
 
+TINY = "y [8, 1024]"
+
+
+def tiny_case():
+    torch.manual_seed(0)
+    inputs, dy = make_inputs(8, 1024)
+    return candidates(), inputs, dy
+
+
+def host_us(fn, calls=300):
+    """Host time per call in us: back-to-back calls at a tiny shape, the best of 3 rounds."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def host_overhead():
+    """Each implementation's host time per call at a tiny shape: what a model pays per layer when
+    the kernels are short."""
+    fns, inputs, grad = tiny_case()
+    print(f"\n# host time per call at a tiny shape ({TINY}), us")
+    print("| implementation | fwd us | fwd+bwd us |")
+    print("|---|---|---|")
+    for name, fn in fns.items():
+        if isinstance(fn, str):
+            print(f"| {name} | {fn} | |")
+            continue
+        try:
+            fwd = host_us(lambda: fn(*inputs))
+            both = host_us(lambda: torch.autograd.grad(fn(*inputs), inputs, grad))
+        except Exception as exc:  # a baseline missing on this machine is reported, not fatal
+            print(
+                f"| {name} | n/a: {str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__} | |"
+            )
+            continue
+        print(f"| {name} | {fwd:.1f} | {both:.1f} |")
+    sys.stdout.flush()
+
+
 if __name__ == "__main__":
-    main()
+    if "--overhead" not in sys.argv[1:]:
+        main()
+    host_overhead()
