@@ -59,10 +59,20 @@ def kernel(factory, *args, **tiling):
 
 
 def entry_point(compiled):
-    adapter = compiled.adapter
-    if not hasattr(adapter, "get_exportable_executable"):
+    """The compiled kernel's `main` function, or the kernel object itself (TileLang's own call,
+    slower) where the execution backend has no tvm_ffi module."""
+    get_executable = getattr(compiled.adapter, "get_exportable_executable", None)
+    if get_executable is None:
         return compiled  # another TileLang execution backend: its own call
-    return adapter.get_exportable_executable().jit().get_function("main")
+    executable = get_executable()
+    # A kernel compiled in this process is a tvm Executable, whose runnable module is jit()'s; one
+    # loaded from TileLang's disk cache is that module already. (Looked up on the type: a module
+    # answers any attribute by looking for a function of that name.)
+    module = executable.jit() if hasattr(type(executable), "jit") else executable
+    try:
+        return module.get_function("main")
+    except AttributeError:
+        return compiled
 
 
 def prebuild(calls):
