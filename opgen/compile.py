@@ -35,6 +35,7 @@ class CompileResult:
     smem_bytes: int = 0
     threads: int = 0
     error: str = ""
+    source: str = "compiled"  # or where a known pass came from: "cache" or "manifest"
 
 
 def _init_worker(parent: int) -> None:
