@@ -308,8 +308,8 @@ def _compile(generated: list[Generated], rows: dict[str, list[str]], jobs: Optio
     for gen in generated:
         mine = [r for r in results if r.spec == gen.spec_path]
         rows[gen.spec_path][3] = f"{sum(r.ok for r in mine)}/{len(mine)}"
-        rows[gen.spec_path][4] = str(sum(r.source != "compiled" for r in mine))
-        rows[gen.spec_path][5] = f"{sum(r.seconds for r in mine if r.source == 'compiled'):.1f}"
+        rows[gen.spec_path][4] = str(sum(r.cached for r in mine))
+        rows[gen.spec_path][5] = f"{_compile_seconds(mine):.1f}"
     sections = {(gen.spec_path, k.factory): f"tiling.{key}"
                 for gen in generated for key, k in gen.plan.kernels.items()}
     grouped: dict[tuple[str, str, str], list[str]] = {}
@@ -372,16 +372,20 @@ class _CheckProgress:
         mine = self.done_of[result.spec]
         mine.append(result)
         if self.bar:
-            if result.source == "compiled":
+            if not result.cached:
                 self.bar.update(self.task, advance=1,
                                 description=f"{result.spec} {len(mine)}/{self.total[result.spec]}")
         elif len(mine) == self.total[result.spec]:
             elapsed = int(time.perf_counter() - self.started)
-            seconds = sum(r.seconds for r in mine if r.source == "compiled")
             out.print(f"compile check: {result.spec} {sum(r.ok for r in mine)}/{len(mine)} "
-                      f"passed, {sum(r.source != 'compiled' for r in mine)} cached, "
-                      f"{seconds:.1f} s compiling, {elapsed // 60}:{elapsed % 60:02d} elapsed",
-                      markup=False)
+                      f"passed, {sum(r.cached for r in mine)} cached, "
+                      f"{_compile_seconds(mine):.1f} s compiling, "
+                      f"{elapsed // 60}:{elapsed % 60:02d} elapsed", markup=False)
+
+
+def _compile_seconds(results: Iterable[CompileResult]) -> float:
+    """Seconds this build spent compiling (a cached result took none)."""
+    return sum(r.seconds for r in results if not r.cached)
 
 
 @app.command()

@@ -37,6 +37,11 @@ class CompileResult:
     error: str = ""
     source: str = "compiled"  # or where a known pass came from: "cache" or "manifest"
 
+    @property
+    def cached(self) -> bool:
+        """Known from an earlier check, not compiled in this one."""
+        return self.source != "compiled"
+
 
 def _init_worker(parent: int) -> None:
     # The parent stops the workers itself on Ctrl-C (at once, see compile_all); a worker that
