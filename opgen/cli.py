@@ -9,13 +9,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from rich.table import Table
 
 from opgen import __version__
@@ -23,6 +25,10 @@ from opgen.errors import CheckFailed, Interrupted, OpgenError, SpecError
 from opgen.families import FAMILIES, Family, family_names
 from opgen.render import Generated, environment, generate
 from opgen.spec import check_identifier, echo, path_for_display
+
+if TYPE_CHECKING:  # imported where used: `opgen check` and `--no-compile` builds need neither
+    from opgen.compile import CompileResult
+    from opgen.compile_cache import Toolchain
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 # Wide tables when piped (CI logs, docs); messages never wrapped (one problem, one line).
@@ -170,6 +176,9 @@ def _not_a_directory(directory: Path) -> str | None:
 def build(
     specs: list[Path] = typer.Argument(None, help="Spec files (default: specs/*.toml)."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Skip the CPU compile check."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Compile every kernel: take no result "
+                                  "from the compile cache or from a package manifest's record "
+                                  "(the cache is refreshed)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Compile processes (default: CPUs)."),
     force: bool = typer.Option(False, "--force", help="Replace a package even if another spec (or "
                                "no spec) wrote it."),
@@ -186,13 +195,14 @@ def build(
             refused = [p for p in (ownership_problem(gen, Path.cwd()) for gen in generated) if p]
             if refused:
                 raise OpgenError("\n".join(refused))
-        rows = {gen.spec_path: [gen.spec_path, "-", "-", "-", "-"] for gen in generated}
+        rows = {gen.spec_path: [gen.spec_path, "-", "-", "-", "-", "-"] for gen in generated}
         # Compile first, from a scratch copy of each kernels.py: a spec whose kernels do not
         # compile writes nothing, and its last good package stays as it was.
         try:
-            failures = [] if no_compile else _compile(generated, rows, jobs)
+            checked = None if no_compile else _compile(generated, rows, jobs, not no_cache)
         except KeyboardInterrupt:
             raise Interrupted("interrupted during the compile check; nothing was written") from None
+        failures = checked.failures if checked else []
         failed = {f.spec for f in failures}
         done = []
         try:
@@ -200,18 +210,22 @@ def build(
                 if gen.spec_path in failed:
                     rows[gen.spec_path][1:3] = ["0 (compile failed)", "-"]
                     continue
-                result = write(gen, Path.cwd(), compile_checked=not no_compile, force=force)
+                result = write(gen, Path.cwd(), compile_checked=checked is not None,
+                               compiled_with=checked.toolchain.record() if checked else None,
+                               force=force)
                 rows[gen.spec_path][1:3] = [str(result.written), str(result.unchanged)]
                 done.append(gen.out_dir.as_posix())
         except KeyboardInterrupt:
             # A package is swapped in whole: each one is either as it was or wholly new.
             raise Interrupted(f"interrupted; written: {', '.join(done) or 'none'}; every other "
                               "package is as it was") from None
-        table = Table("spec", "written", "unchanged", "kernels compiled", "compile s", box=None)
+        table = Table("spec", "written", "unchanged", "kernels passed", "cached", "compile s",
+                      box=None)
         for row in rows.values():
             table.add_row(*row)
         out.print(table)
-        out.print(f"done in {time.perf_counter() - started:.1f} s")
+        out.print(f"done in {time.perf_counter() - started:.1f} s"
+                  + (f"; {checked.summary()}" if checked else ""))
         if failures:
             for failure in failures:
                 err.print(failure.message(), markup=False)
@@ -247,45 +261,131 @@ class CompileFailure:
         return text
 
 
-def _compile(generated: list[Generated], rows: dict[str, list[str]],
-             jobs: Optional[int]) -> list[CompileFailure]:
-    from opgen.compile import scratch_dir
+@dataclass(frozen=True)
+class CompileCheck:
+    """What the compile check of one build found, kernel by kernel."""
 
-    with scratch_dir() as scratch:
-        work = []
-        for gen in generated:
-            kernels = Path(scratch) / gen.name / "kernels.py"
-            kernels.parent.mkdir()
-            kernels.write_text(gen.files["kernels.py"], encoding="utf-8")
-            work += [(gen.spec_path, kernels, job) for job in gen.plan.compile_jobs]
-        results = _compile_with_progress(work, jobs)
+    results: list[CompileResult]
+    failures: list[CompileFailure]
+    toolchain: Toolchain
+
+    def summary(self) -> str:
+        source = Counter(r.source for r in self.results)
+        return (f"{len(self.results)} kernel(s) checked: {source['compiled']} compiled, "
+                f"{source['cache']} from the compile cache, {source['manifest']} from package "
+                "manifests")
+
+
+def _compile(generated: list[Generated], rows: dict[str, list[str]], jobs: Optional[int],
+             use_cache: bool) -> CompileCheck:
+    from opgen.compile import CompileResult
+    from opgen.compile_cache import ResultCache, job_key, toolchain
+    from opgen.output import recorded_compile_check
+
+    tools = toolchain()
+    cache = ResultCache(warn=lambda message: err.print(message, markup=False))
+    jobs_of = [(gen, i, job) for gen in generated for i, job in enumerate(gen.plan.compile_jobs)]
+    keys = {(gen.spec_path, i): job_key(gen.files["kernels.py"], job, tools)
+            for gen, i, job in jobs_of}
+    # A package whose manifest records a pass of these very kernels with this toolchain needs
+    # no compile (a fresh clone builds in seconds); other jobs may have a pass in the cache.
+    recorded = {gen.spec_path for gen in generated
+                if use_cache and recorded_compile_check(gen, Path.cwd()) == tools.record()}
+    known: dict[tuple[str, int], CompileResult] = {}
+    for gen, i, job in jobs_of:
+        if gen.spec_path in recorded:
+            known[gen.spec_path, i] = CompileResult(gen.spec_path, job.label, True, 0.0,
+                                                    source="manifest")
+        elif use_cache and (hit := cache.get(keys[gen.spec_path, i], gen.spec_path, job.label)):
+            known[gen.spec_path, i] = hit
+    pending = [(gen, i, job) for gen, i, job in jobs_of if (gen.spec_path, i) not in known]
+    with _CheckProgress(generated, known.values(), len(pending)) as progress:
+        for (gen, i, _), result in zip(pending, _compile_jobs(pending, jobs, progress.done),
+                                       strict=True):
+            cache.put(keys[gen.spec_path, i], result, tools)
+            known[gen.spec_path, i] = result
+    results = [known[gen.spec_path, i] for gen, i, _ in jobs_of]
     for gen in generated:
         mine = [r for r in results if r.spec == gen.spec_path]
-        rows[gen.spec_path][3] = f"{sum(r.ok for r in mine)}/{len(gen.plan.compile_jobs)}"
-        rows[gen.spec_path][4] = f"{sum(r.seconds for r in mine):.1f}"
+        rows[gen.spec_path][3] = f"{sum(r.ok for r in mine)}/{len(mine)}"
+        rows[gen.spec_path][4] = str(sum(r.cached for r in mine))
+        rows[gen.spec_path][5] = f"{_compile_seconds(mine):.1f}"
     sections = {(gen.spec_path, k.factory): f"tiling.{key}"
                 for gen in generated for key, k in gen.plan.kernels.items()}
     grouped: dict[tuple[str, str, str], list[str]] = {}
-    for (_, _, job), result in zip(work, results, strict=True):
+    for (_, _, job), result in zip(jobs_of, results, strict=True):
         if not result.ok:
             grouped.setdefault((result.spec, job.factory, result.error), []).append(result.label)
-    return [CompileFailure(spec, factory, sections.get((spec, factory), "tiling"), error,
-                           tuple(labels))
-            for (spec, factory, error), labels in grouped.items()]
+    failures = [CompileFailure(spec, factory, sections.get((spec, factory), "tiling"), error,
+                               tuple(labels))
+                for (spec, factory, error), labels in grouped.items()]
+    return CompileCheck(results, failures, tools)
 
 
-def _compile_with_progress(work, jobs: Optional[int]):
-    from opgen.compile import compile_all
+def _compile_jobs(pending, jobs: Optional[int], on_done) -> list[CompileResult]:
+    """Compile (Generated, index, job) triples from a scratch copy of each kernels.py."""
+    from opgen.compile import compile_all, scratch_dir
 
-    columns = (TextColumn("compile check (sm_90a)"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("{task.description}"))
-    with Progress(*columns, console=err, transient=False) as progress:
-        task = progress.add_task("", total=len(work))
+    if not pending:
+        return []
+    with scratch_dir() as scratch:
+        paths: dict[str, Path] = {}
+        for gen, _, _ in pending:
+            if gen.name not in paths:
+                paths[gen.name] = Path(scratch) / gen.name / "kernels.py"
+                paths[gen.name].parent.mkdir()
+                paths[gen.name].write_text(gen.files["kernels.py"], encoding="utf-8")
+        work = [(gen.spec_path, paths[gen.name], job) for gen, _, job in pending]
+        return compile_all(work, workers=jobs, on_done=on_done)
 
-        def done(result) -> None:
-            progress.update(task, advance=1, description=result.label)
 
-        return compile_all(work, workers=jobs, on_done=done) if work else []
+class _CheckProgress:
+    """The compile check's progress on stdout. On a terminal, a live bar with the spec and an ETA;
+    elsewhere (CI, `| tee`) one line per spec as its last kernel is done, so a log shows progress."""
+
+    def __init__(self, generated: list[Generated], known: Iterable[CompileResult],
+                 to_compile: int):
+        self.total = {gen.spec_path: len(gen.plan.compile_jobs) for gen in generated}
+        self.done_of: dict[str, list[CompileResult]] = {spec: [] for spec in self.total}
+        self.started = time.perf_counter()
+        self.bar = None
+        if out.is_terminal and to_compile:
+            # ETA from the whole run: kernels take seconds to a minute each, in bursts.
+            self.bar = Progress(TextColumn("compile check (sm_90a)"), BarColumn(),
+                                MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"),
+                                TimeRemainingColumn(), TextColumn("{task.description}"),
+                                console=out, speed_estimate_period=3600)
+            self.task = self.bar.add_task("", total=to_compile)
+        for result in known:
+            self.done(result)
+
+    def __enter__(self) -> "_CheckProgress":
+        if self.bar:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar:
+            self.bar.stop()
+
+    def done(self, result: CompileResult) -> None:
+        mine = self.done_of[result.spec]
+        mine.append(result)
+        if self.bar:
+            if not result.cached:
+                self.bar.update(self.task, advance=1,
+                                description=f"{result.spec} {len(mine)}/{self.total[result.spec]}")
+        elif len(mine) == self.total[result.spec]:
+            elapsed = int(time.perf_counter() - self.started)
+            out.print(f"compile check: {result.spec} {sum(r.ok for r in mine)}/{len(mine)} "
+                      f"passed, {sum(r.cached for r in mine)} cached, "
+                      f"{_compile_seconds(mine):.1f} s compiling, "
+                      f"{elapsed // 60}:{elapsed % 60:02d} elapsed", markup=False)
+
+
+def _compile_seconds(results: Iterable[CompileResult]) -> float:
+    """Seconds this build spent compiling (a cached result took none)."""
+    return sum(r.seconds for r in results if not r.cached)
 
 
 @app.command()

@@ -35,6 +35,12 @@ class CompileResult:
     smem_bytes: int = 0
     threads: int = 0
     error: str = ""
+    source: str = "compiled"  # or where a known pass came from: "cache" or "manifest"
+
+    @property
+    def cached(self) -> bool:
+        """Known from an earlier check, not compiled in this one."""
+        return self.source != "compiled"
 
 
 def _init_worker(parent: int) -> None:

@@ -1,10 +1,11 @@
 """The manifest every generated package carries (`opgen-manifest.json`): which spec wrote it, the
-hash of each file, and whether its kernels passed the compile check.
+hash of each file, and whether its kernels passed the compile check (and with which toolchain).
 
 Rendering and reading live here together, so the format has one definition. `opgen check` uses the
 file hashes to tell a hand edit (the file no longer matches what opgen wrote) from a stale file (the
 spec or opgen changed), and `opgen build` uses the spec path to refuse replacing a package another
-spec owns.
+spec owns. A build skips the compile check of kernels whose manifest records a pass of the same
+kernels.py with the same toolchain (`compiled_with`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ class Manifest:
     spec_sha256: str
     files: dict[str, str]  # file inside the package -> sha256 of its bytes
     compile_checked: bool  # every kernel was lowered and compiled when these files were written
+    # The toolchain of that check (tilelang, nvcc, target: opgen.compile_cache.Toolchain); None when
+    # not checked or checked by a build that did not record it.
+    compiled_with: dict[str, str] | None = None
 
 
 class ManifestError(ValueError):
@@ -31,9 +35,11 @@ class ManifestError(ValueError):
 
 
 def render_manifest(spec: str, spec_sha256: str, generator: str, files: dict[str, str],
-                    compile_checked: bool) -> str:
+                    compile_checked: bool, compiled_with: dict[str, str] | None = None) -> str:
     data = {
         "compile_checked": compile_checked,
+        **({"compiled_with": dict(sorted(compiled_with.items()))}
+           if compile_checked and compiled_with else {}),
         "files": {name: sha256(text) for name, text in sorted(files.items()) if name != MANIFEST},
         "generator": generator,
         "spec": spec,
@@ -65,7 +71,13 @@ def parse_manifest(raw: bytes) -> Manifest:
     compiled = data.get("compile_checked", False)
     if not isinstance(compiled, bool):
         raise ManifestError(f"'compile_checked' must be true or false (got {_short(compiled)})")
-    return Manifest(generator, data["spec"], data["spec_sha256"], dict(files), compiled)
+    tools = data.get("compiled_with")
+    if tools is not None and not (isinstance(tools, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in tools.items()
+    )):
+        raise ManifestError(f"'compiled_with' must map tool names to versions (got {_short(tools)})")
+    return Manifest(generator, data["spec"], data["spec_sha256"], dict(files), compiled,
+                    dict(tools) if compiled and tools else None)
 
 
 def sha256(text: str | bytes) -> str:

@@ -54,12 +54,12 @@ class WriteResult:
 
 
 def write(gen: Generated, root: Path, *, compile_checked: bool = False,
-          force: bool = False) -> WriteResult:
+          compiled_with: dict[str, str] | None = None, force: bool = False) -> WriteResult:
     """Make root/generated/<name>/ hold exactly gen.files.
 
-    compile_checked: the kernels of gen passed the compile check in this build. Without it the
-    manifest keeps an earlier build's check when kernels.py is unchanged. Unchanged files are not
-    touched (their mtimes stay).
+    compile_checked: the kernels of gen passed the compile check in this build, with the toolchain
+    compiled_with. Without it the manifest keeps an earlier build's check when kernels.py is
+    unchanged. Unchanged files are not touched (their mtimes stay).
     """
     out_root = root / OUT_ROOT
     out_root.mkdir(parents=True, exist_ok=True)
@@ -71,9 +71,11 @@ def write(gen: Generated, root: Path, *, compile_checked: bool = False,
         if problem and not force:
             raise OwnershipError(problem)
         if not compile_checked:
-            compile_checked = _still_compile_checked(current, gen)
-        files = {name: text.encode("utf-8")
-                 for name, text in gen.with_compile_checked(compile_checked).files.items()}
+            earlier = _earlier_compile_check(current, gen)
+            compile_checked = earlier is not None
+            compiled_with = earlier.compiled_with if earlier else None
+        files = {name: text.encode("utf-8") for name, text in
+                 gen.with_compile_checked(compile_checked, compiled_with).files.items()}
         written = sum(1 for name, data in files.items() if current.get(name) != data)
         stale = set(current) - set(files)
         if not written and not stale:
@@ -125,12 +127,33 @@ def _owner_problem(gen: Generated, target: Path, current: dict[str, bytes]) -> s
     return None
 
 
-def _still_compile_checked(current: dict[str, bytes], gen: Generated) -> bool:
-    """An earlier build's compile check still holds when kernels.py is byte for byte the same."""
+def _earlier_compile_check(current: dict[str, bytes], gen: Generated) -> Manifest | None:
+    """The manifest of an earlier build whose compile check still holds: kernels.py byte for byte
+    the same."""
     manifest = _parse_or_none(current.get(MANIFEST))
     kernels = gen.files.get("kernels.py")
-    return bool(manifest and manifest.compile_checked and kernels is not None
-                and current.get("kernels.py") == kernels.encode("utf-8"))
+    if (manifest and manifest.compile_checked and kernels is not None
+            and current.get("kernels.py") == kernels.encode("utf-8")):
+        return manifest
+    return None
+
+
+def recorded_compile_check(gen: Generated, root: Path) -> dict[str, str] | None:
+    """The toolchain with which the package on disk records a passing compile check of exactly
+    gen's kernels.py (by its hash in the manifest), or None."""
+    manifest = _parse_or_none(_read_or_none(root / gen.out_dir / MANIFEST))
+    kernels = gen.files.get("kernels.py")
+    if (manifest and manifest.compile_checked and kernels is not None
+            and manifest.files.get("kernels.py") == sha256(kernels)):
+        return manifest.compiled_with
+    return None
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 # --- the swap and its recovery ----------------------------------------------------------------------
@@ -306,11 +329,12 @@ def diff(gen: Generated, root: Path, max_lines: int = 20,
             drifts.append(Drift((gen.out_dir / MANIFEST).as_posix(), "corrupt",
                                 detail=f"{exc}; `opgen build --force` rewrites it"))
     recorded = manifest.files if manifest else {}
-    # The compile flag is what the last build found, not something the spec determines: the
-    # expected manifest carries the flag on disk, and only require_compiled asks for it.
+    # The compile flag and its toolchain are what the last build found, not something the spec
+    # determines: the expected manifest carries them as on disk, and only require_compiled asks.
     checked = manifest.compile_checked if manifest else False
+    compiled_with = manifest.compiled_with if manifest else None
     expected = {name: text.encode("utf-8")
-                for name, text in gen.with_compile_checked(checked).files.items()}
+                for name, text in gen.with_compile_checked(checked, compiled_with).files.items()}
     for name in sorted(set(on_disk) | set(expected)):
         shown = (gen.out_dir / name).as_posix()
         if name not in on_disk:

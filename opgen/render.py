@@ -32,10 +32,12 @@ class Generated:
     def out_dir(self) -> Path:
         return Path("generated") / self.name
 
-    def with_compile_checked(self, checked: bool) -> "Generated":
-        """The same package, its manifest recording whether the kernels passed the compile check."""
+    def with_compile_checked(self, checked: bool,
+                             compiled_with: dict[str, str] | None = None) -> "Generated":
+        """The same package, its manifest recording whether the kernels passed the compile check
+        and with which toolchain."""
         files = dict(self.files)
-        files[MANIFEST] = manifest(self.plan.source, files, checked)
+        files[MANIFEST] = manifest(self.plan.source, files, checked, compiled_with)
         return replace(self, files=files)
 
 
@@ -86,7 +88,16 @@ def header(source: SourceInfo) -> str:
     )
 
 
-def manifest(source: SourceInfo, files: dict[str, str], compile_checked: bool) -> str:
+def without_header(text: str) -> str:
+    """A generated file without its leading comment lines (the header): what its code is. The
+    header changes with the spec's path and hash, which a kernel does not compile from."""
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
+    return "".join(lines[start:])
+
+
+def manifest(source: SourceInfo, files: dict[str, str], compile_checked: bool,
+             compiled_with: dict[str, str] | None = None) -> str:
     """Spec and file hashes: let `opgen check` tell a changed spec from a hand edit."""
     return render_manifest(source.spec_path, source.spec_sha256, f"opgen {source.opgen_version}",
-                           files, compile_checked)
+                           files, compile_checked, compiled_with)

@@ -74,6 +74,15 @@ def pytest_configure_node(node) -> None:
     node.workerinput["opgen_loadgroup"] = node.config.getoption("dist") == "loadgroup"
 
 
+@pytest.fixture(autouse=True)
+def compile_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty compile cache of the test's own (OPGEN_CACHE_DIR, inherited by `opgen` processes
+    the test starts): no test sees the user's cache or another test's results."""
+    path = tmp_path_factory.mktemp("opgen-cache")
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(path))
+    return path
+
+
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))

@@ -36,7 +36,7 @@ def mtimes(directory: Path) -> dict[str, int]:
 
 
 def build_row(stdout: str, spec: str) -> list[str]:
-    """The summary table's row of one spec: spec, written, unchanged, compiled, seconds."""
+    """The summary table's row of one spec: spec, written, unchanged, passed, cached, seconds."""
     rows = [line.split() for line in stdout.splitlines() if line.split()[:1] == [spec]]
     assert len(rows) == 1, stdout
     return rows[0]
@@ -207,6 +207,7 @@ def test_build_writes_the_packages(project, cli):
             "0",
             "-",
             "-",
+            "-",
         ]
     assert result.stderr == ""
 
@@ -217,7 +218,7 @@ def test_build_twice_changes_nothing(foo, cli):
     contents = {p.name: p.read_bytes() for p in package.iterdir()}
     result = cli("build", "--no-compile", "specs/foo.toml")
     assert result.exit_code == 0, result.output
-    assert build_row(result.stdout, "specs/foo.toml") == ["specs/foo.toml", "0", "7", "-", "-"]
+    assert build_row(result.stdout, "specs/foo.toml") == ["specs/foo.toml", "0", "7", "-", "-", "-"]
     assert mtimes(package) == before
     assert {p.name: p.read_bytes() for p in package.iterdir()} == contents
     assert sorted(p.name for p in (foo / "generated").iterdir()) == ["foo"], "no staging dirs left"
@@ -229,7 +230,7 @@ def test_rebuild_writes_only_what_changed(foo, cli):
     before = mtimes(package)
     result = cli("build", "--no-compile")
     assert result.exit_code == 0, result.output
-    assert build_row(result.stdout, "specs/foo.toml") == ["specs/foo.toml", "1", "6", "-", "-"]
+    assert build_row(result.stdout, "specs/foo.toml") == ["specs/foo.toml", "1", "6", "-", "-", "-"]
     after = mtimes(package)
     assert sorted(name for name in after if after[name] != before[name]) == ["reference.py"]
     assert sorted(p.name for p in (foo / "generated").iterdir()) == ["foo"], "no staging dirs left"
@@ -240,7 +241,7 @@ def test_spec_change_rewrites_every_header(foo, cli):
     edit_fwd_block_n(foo / "specs/foo.toml")
     result = cli("build", "--no-compile")
     assert result.exit_code == 0, result.output
-    assert build_row(result.stdout, "specs/foo.toml") == ["specs/foo.toml", "7", "0", "-", "-"]
+    assert build_row(result.stdout, "specs/foo.toml") == ["specs/foo.toml", "7", "0", "-", "-", "-"]
     kernels = (foo / "generated/foo/kernels.py").read_text()
     assert re.search(r'^FWD_TILING = \{[^}]*"block_n": 32\b', kernels, re.MULTILINE)
 

@@ -89,16 +89,16 @@ def rendered() -> dict[str, dict[str, str]]:
 
 
 def with_compile_flag_of(golden_dir: Path, files: dict[str, str]) -> dict[str, str]:
-    """files with the manifest's compile flag as on disk: the flag records what the last build's
-    compile check found, which rendering alone does not know."""
+    """files with the manifest's compile flag and toolchain as on disk: they record what the last
+    build's compile check found, which rendering alone does not know."""
     path = golden_dir / MANIFEST
     try:
-        checked = parse_manifest(path.read_bytes()).compile_checked
+        on_disk = parse_manifest(path.read_bytes())
     except (OSError, ManifestError):
         return files
     ours = parse_manifest(files[MANIFEST].encode("utf-8"))
     return {**files, MANIFEST: render_manifest(ours.spec, ours.spec_sha256, ours.generator, files,
-                                               checked)}
+                                               on_disk.compile_checked, on_disk.compiled_with)}
 
 
 @pytest.mark.parametrize("spec, golden", GOLDEN, ids=IDS)

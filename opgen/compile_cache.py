@@ -1,0 +1,138 @@
+"""The compile cache: passing compile-check results, one small JSON file each, in a directory
+outside the project, keyed by everything that determines a result. A rebuild of unchanged kernels
+compiles nothing.
+
+The key covers the kernel's code (kernels.py without its header), the job (factory, arguments,
+tiling), the check's own rules (the shared-memory limit, CHECK_VERSION) and the toolchain
+(tilelang, nvcc, target). Only passes are stored: a failure compiles again, so its error is shown.
+A missing, unreadable or corrupt entry is a miss; a cache that cannot be written is used read-only
+after one warning, never a failed build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+from opgen.compile import TARGET, CompileResult
+from opgen.plan import SM90_SMEM_LIMIT, CompileJob
+from opgen.render import without_header
+
+# Bump when compile_one's verdict changes meaning (what it reads from a kernel, what it refuses):
+# entries written under the old rules then miss.
+CHECK_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """What a compile-check result depends on besides the kernel itself. A package manifest
+    records it (`compiled_with`) beside a passing check."""
+
+    tilelang: str
+    nvcc: str
+    target: str
+
+    def record(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@lru_cache(maxsize=1)
+def toolchain() -> Toolchain:
+    """The toolchain of this process's compile checks (computed once per build: nvcc runs)."""
+    try:
+        tilelang = metadata.version("tilelang")
+    except metadata.PackageNotFoundError:
+        tilelang = "not installed"
+    return Toolchain(tilelang, nvcc_version(), TARGET)
+
+
+def nvcc_version() -> str:
+    """The version and build of the nvcc TileLang runs ($CUDA_HOME/bin/nvcc, else nvcc on PATH):
+    "13.0.88 cuda_13.0.r13.0/compiler.36424714_0"; the whole `nvcc --version` output, on one
+    line, when it has another form."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    nvcc = str(Path(home) / "bin" / "nvcc") if home else shutil.which("nvcc")
+    if not nvcc:
+        return "not found"
+    try:
+        text = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "not found"
+    release, build = re.search(r"\bV(\d\S*)", text), re.search(r"^Build (\S+)", text, re.MULTILINE)
+    if release and build:
+        return f"{release.group(1)} {build.group(1)}"
+    return " ".join(text.split()) or "not found"
+
+
+def job_key(kernels_py: str, job: CompileJob, tools: Toolchain) -> str:
+    """The cache key of one job of a rendered kernels.py."""
+    identity = {
+        "check": [CHECK_VERSION, SM90_SMEM_LIMIT],
+        "code": hashlib.sha256(without_header(kernels_py).encode("utf-8")).hexdigest(),
+        # The label only names the job; factory, arguments and tiling are what compiles.
+        "job": [job.factory, list(job.args), job.tiling],
+        "tools": tools.record(),
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def cache_dir() -> Path:
+    """$OPGEN_CACHE_DIR, else $XDG_CACHE_HOME/opgen, else ~/.cache/opgen."""
+    if os.environ.get("OPGEN_CACHE_DIR"):
+        return Path(os.environ["OPGEN_CACHE_DIR"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"  # XDG: absolute only
+    return base / "opgen"
+
+
+class ResultCache:
+    """Passing results under <cache dir>/compile/<key>.json."""
+
+    def __init__(self, root: Path | None = None, warn: Callable[[str], None] = print):
+        self.directory = (root or cache_dir()) / "compile"
+        self._warn = warn
+        self._writable = True
+
+    def get(self, key: str, spec: str, label: str) -> CompileResult | None:
+        """The stored pass of key as a result of (spec, label), or None (a miss)."""
+        try:
+            data = json.loads((self.directory / f"{key}.json").read_text(encoding="utf-8"))
+            if data["key"] != key or data["ok"] is not True:
+                return None
+            return CompileResult(spec, label, True, float(data["seconds"]),
+                                 int(data["smem_bytes"]), int(data["threads"]), source="cache")
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+            return None
+
+    def put(self, key: str, result: CompileResult, tools: Toolchain) -> None:
+        """Store a passing result (failures are not stored); atomically, so a reader never sees
+        half an entry."""
+        if not result.ok or not self._writable:
+            return
+        data = {"key": key, "label": result.label, "ok": True, "seconds": round(result.seconds, 3),
+                "smem_bytes": result.smem_bytes, "threads": result.threads,
+                "versions": tools.record()}
+        tmp = None
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=self.directory)
+            with os.fdopen(fd, "w", encoding="utf-8") as file:
+                json.dump(data, file, sort_keys=True)
+            os.replace(tmp, self.directory / f"{key}.json")
+        except OSError as exc:
+            self._writable = False
+            if tmp:
+                Path(tmp).unlink(missing_ok=True)
+            self._warn(f"warning: the compile cache {self.directory} cannot be written "
+                       f"({exc.strerror or exc}); results of this build are not cached")
