@@ -80,6 +80,17 @@ class CompileJob:
     label: str
 
 
+def distinct_jobs(jobs) -> tuple[CompileJob, ...]:
+    """jobs without repeats of one kernel instance (factory and arguments), in first-seen order:
+    with symbolic runtime dims, shapes that differ only in those dims build one kernel."""
+    seen, unique = set(), []
+    for job in jobs:
+        if (job.factory, job.args) not in seen:
+            seen.add((job.factory, job.args))
+            unique.append(job)
+    return tuple(unique)
+
+
 @dataclass(frozen=True)
 class SourceInfo:
     """What the header of every generated file records."""

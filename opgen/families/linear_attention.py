@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from opgen.families.contract import Family, scaffold
 from opgen.plan import (DTYPE_BYTES, CompileJob, GradPlan, KernelPlan, PlanBase, SourceInfo, Table,
-                        base_fields, ceildiv, explain_tables, flops_table, format_bytes,
+                        base_fields, ceildiv, distinct_jobs, explain_tables, flops_table, format_bytes,
                         kernel_plan, not_positive, over_smem_limit, refuse_shape)
 from opgen.spec import (BenchSection, Block, PositiveInt, Reduction, ReductionKind, Stages,
                         StrictModel, TestSection, Threads, Tolerance, echo, family_spec,
@@ -332,12 +332,7 @@ def _compile_jobs(spec: Spec, kernels: dict[str, KernelPlan], test_cases: tuple[
             jobs += jobs_for(s, dtype, "")
     for s in spec.bench.shapes:
         jobs += jobs_for(s, spec.bench.dtype, " (bench)")
-    seen, unique = set(), []
-    for job in jobs:
-        if (job.factory, job.args) not in seen:
-            seen.add((job.factory, job.args))
-            unique.append(job)
-    return tuple(unique)
+    return distinct_jobs(jobs)
 
 
 def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:

@@ -21,7 +21,7 @@ from pydantic import StrictBool
 
 from opgen.families.contract import Family, scaffold
 from opgen.plan import (DTYPE_BYTES, CompileJob, GradPlan, PlanBase, SourceInfo, Table, base_fields,
-                        ceildiv, explain_tables, flops_table, format_bytes, kernel_plan,
+                        ceildiv, distinct_jobs, explain_tables, flops_table, format_bytes, kernel_plan,
                         not_positive, over_smem_limit, refuse_shape, whole_kib)
 from opgen.spec import (BenchSection, Block, DirectGrad, PositiveInt, Stages, StrictModel,
                         TestSection, Threads, Tolerance, family_spec, not_whole_warpgroups,
@@ -352,12 +352,7 @@ def _compile_jobs(spec, kernels, tail_case, bias_variants) -> tuple[CompileJob, 
         jobs += jobs_for(tail_case, dtype, bias_variants, "")
     for s in spec.bench.shapes:
         jobs += jobs_for(s, spec.bench.dtype, (spec.matmul.bias,), " (bench)")
-    seen, unique = set(), []
-    for job in jobs:
-        if (job.factory, job.args) not in seen:
-            seen.add((job.factory, job.args))
-            unique.append(job)
-    return tuple(unique)
+    return distinct_jobs(jobs)
 
 
 def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
