@@ -51,8 +51,6 @@ SMALL_GQA = (
 # fwd tiles of 2 * (128*64 + 2*4*256*64) = 278528 bytes at head_dim 64: over the 227 KB of sm_90.
 BIG_FWD = {"block_n": 256, "num_stages": 4}
 
-ALIGNED_SEQ = 4096
-
 # Valid for the spec (256 rows over 4 warpgroups), but the bwd's [block_n, head_dim] dQ GEMM of
 # 16 x 64 has no partition over 16 warps: TileLang fails while lowering.
 UNLOWERABLE_BWD = "\n[tiling.bwd]\nblock_m = 256\nblock_n = 16\nthreads = 512\n"
@@ -86,10 +84,15 @@ def _start_build(tmp_path: Path):
     build = subprocess.Popen([*opgen_command(), "build", "-j", "2", "specs/small.toml"],
                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
+    def is_worker(child):
+        try:
+            return "spawn_main" in " ".join(child.cmdline())
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):  # a short-lived helper (nvcc --version)
+            return False
+
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        workers = [c for c in psutil.Process(build.pid).children()
-                   if "spawn_main" in " ".join(c.cmdline())]
+        workers = [c for c in psutil.Process(build.pid).children() if is_worker(c)]
         if len(workers) == 2:
             time.sleep(3)  # into the kernels: workers import TileLang, then lower and run nvcc
             return build, workers
@@ -210,18 +213,11 @@ def compiled(small):
     )
     work = [(gen.spec_path, kernels, job) for job in (fwd, bogus, bwd, short, big)]
     work.append((gqa.spec_path, gqa_kernels, grouped))
-    # The bwd job again at the benchmark's seq_len (a multiple of every block).
-    seq = gen.plan.test_cases[0].seq_len
-    aligned = dataclasses.replace(
-        bwd,
-        args=tuple(ALIGNED_SEQ if a == seq else a for a in bwd.args),
-        label=f"{bwd.label} seq_len={ALIGNED_SEQ}",
-    )
-    assert aligned.args != bwd.args
-    work.append((gen.spec_path, kernels, aligned))
+    # (seq_len is symbolic in the attention kernels: one bwd kernel serves aligned and tail lengths,
+    # so there is no separate aligned-length instance to check.)
     seen = []
     results = compile_all(work, workers=2, on_done=seen.append)
-    keys = ("fwd", "bogus", "bwd", "short", "big", "grouped", "aligned")
+    keys = ("fwd", "bogus", "bwd", "short", "big", "grouped")
     return gen, dict(zip(keys, results, strict=True)), seen
 
 
@@ -230,10 +226,7 @@ def test_results_come_back_in_input_order(compiled):
     labels = [r.label for r in results.values()]
     assert labels[1:4:2] == ["bogus factory", "too few arguments"]
     assert sorted(r.label for r in seen) == sorted(labels), "on_done sees every result"
-    assert [r.spec for r in results.values()] == [gen.spec_path] * 5 + [
-        "specs/small_gqa.toml",
-        gen.spec_path,
-    ]
+    assert [r.spec for r in results.values()] == [gen.spec_path] * 5 + ["specs/small_gqa.toml"]
 
 
 @pytest.mark.parametrize("phase", ["fwd", "bwd"])
@@ -301,13 +294,6 @@ def test_grouped_bwd_compiles_within_the_estimate(compiled):
     assert "split" in result.label
     assert result.smem_bytes <= gen.plan.smem["bwd"][64]  # same tiles as small: same estimate
     assert result.threads == gen.plan.kernels["bwd"].tiling["threads"] + PRODUCER_THREADS
-
-
-def test_smem_estimate_holds_for_aligned_seq_len(compiled):
-    gen, results, _ = compiled
-    result = results["aligned"]
-    assert result.ok, result.error
-    assert result.smem_bytes <= gen.plan.smem["bwd"][64]
 
 
 @pytest.mark.parametrize("spec", sorted((TESTS_DIR / "specs").glob("*.toml")), ids=lambda p: p.stem)

@@ -277,8 +277,6 @@ def attention_sink_bwd(
             q = T.alloc_shared([block_n, dim], dtype)
             do = T.alloc_shared([block_n, dim], dtype)
             dsT_shared = T.alloc_shared([block_m, block_n], dtype)
-            lse_shared = T.alloc_shared([block_n], ACCUM)
-            delta = T.alloc_shared([block_n], ACCUM)
             qkT = T.alloc_fragment([block_m, block_n], ACCUM)
             dsT = T.alloc_fragment([block_m, block_n], ACCUM)
             qkT_cast = T.alloc_fragment([block_m, block_n], dtype)
@@ -308,15 +306,15 @@ def attention_sink_bwd(
                 T.copy(rows(Q, bz, bx, k * block_n, block_n), q)
                 T.clear(qkT)
                 T.gemm(K_shared, q, qkT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                # lse and Delta rows by element, not T.copy: a TMA copy needs 16-byte aligned row
-                # strides, which a symbolic seq_len cannot promise.
-                for j in T.Parallel(block_n):
-                    lse_shared[j] = T.if_then_else(
-                        k * block_n + j < seq_len, lse[bz, bx, k * block_n + j], 0
-                    )
-                # P^T recomputed from lse, zero where the query does not see the key.
+                # P^T recomputed from lse, zero where the query does not see the key. lse and Delta
+                # are read from global memory where they are used, not staged by T.copy: a TMA copy
+                # needs 16-byte aligned row strides, which a symbolic seq_len cannot promise, and a
+                # staging loop would make the producer warpgroup as wide as the consumers. Query
+                # rows past seq_len read the last row (clamped): they are masked out below.
                 for i, j in T.Parallel(block_m, block_n):
-                    qkT[i, j] = T.exp2(qkT[i, j] * scale - lse_shared[j])
+                    qkT[i, j] = T.exp2(
+                        qkT[i, j] * scale - lse[bz, bx, T.min(k * block_n + j, seq_len - 1)]
+                    )
                 for i, j in T.Parallel(block_m, block_n):
                     qkT[i, j] = T.if_then_else(
                         visible(k * block_n + j, by * block_m + i), qkT[i, j], 0
@@ -326,12 +324,9 @@ def attention_sink_bwd(
                 T.gemm(V_shared, do, dsT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 T.copy(qkT, qkT_cast)
                 T.gemm(qkT_cast, do, dv, policy=T.GemmWarpPolicy.FullRow)
-                for j in T.Parallel(block_n):
-                    delta[j] = T.if_then_else(
-                        k * block_n + j < seq_len, Delta[bz, bx, k * block_n + j], 0
-                    )
                 for i, j in T.Parallel(block_m, block_n):
-                    dsT_cast[i, j] = qkT[i, j] * (dsT[i, j] - delta[j]) * sm_scale
+                    delta = Delta[bz, bx, T.min(k * block_n + j, seq_len - 1)]
+                    dsT_cast[i, j] = qkT[i, j] * (dsT[i, j] - delta) * sm_scale
                 T.gemm(dsT_cast, q, dk, policy=T.GemmWarpPolicy.FullRow)
                 T.copy(dsT_cast, dsT_shared)
                 T.clear(dq)
