@@ -148,20 +148,20 @@ def test_matrix():
 def test_plan_compile_jobs(project):
     p = plan_of(project)
     labels = [j.label for j in p.compile_jobs]
-    # Per dtype: {recompute, save} x {contiguous, halves} x {fwd, bwd}; then fwd + bwd per bench shape.
+    # The row count is symbolic (not an argument). Per dtype: {recompute, save} x {contiguous, halves} x {fwd, bwd}; then fwd + bwd per bench shape.
     assert len(labels) == 2 * 2 * 2 * 2 + 2 * 2
     fwd, bwd = p.compile_jobs[:2]
-    assert fwd.factory == "x_fwd" and fwd.args == (999, 77, 77, 77, "float16", False)
-    assert bwd.factory == "x_bwd" and bwd.args == (999, 77, 77, 77, 77, 77, "float16", False)
+    assert fwd.factory == "x_fwd" and fwd.args == (77, 77, 77, "float16", False)
+    assert bwd.factory == "x_bwd" and bwd.args == (77, 77, 77, 77, 77, "float16", False)
     # The halves of a [rows, 2C] tensor: a in place (row stride 2C), b copied (C = 77 is odd).
     halves = [j for j in p.compile_jobs if "halves" in j.label and j.factory == "x_bwd"]
-    assert halves[0].args == (999, 77, 154, 77, 77, 77, "float16", False)
-    assert labels[-2:] == ["fwd bfloat16 4096x14336 sigmoid=recompute contiguous (bench)",
-                           "bwd bfloat16 4096x14336 sigmoid=recompute contiguous (bench)"]
+    assert halves[0].args == (77, 154, 77, 77, 77, "float16", False)
+    assert labels[-2:] == ["fwd bfloat16 C=14336 sigmoid=recompute contiguous (bench)",
+                           "bwd bfloat16 C=14336 sigmoid=recompute contiguous (bench)"]
     fused = plan_of(project, FUSED).compile_jobs
     assert len(fused) == 2 * 2 * 2 + 2 * 2
-    assert fused[1].args == (999, 77, 154, 77, 154, 154, "float16", False)
-    assert fused[-1].args == (4096, 14336, 28672, 28672, 28672, 28672, "bfloat16", False)
+    assert fused[1].args == (77, 154, 77, 154, 154, "float16", False)
+    assert fused[-1].args == (14336, 28672, 28672, 28672, 28672, "bfloat16", False)
 
 
 def test_plan_bench_bytes(project):

@@ -392,10 +392,11 @@ class EagerFunction(torch.autograd.Function):
 
 def eager(t):
     """Whether a call with first tensor t runs EagerFunction (else the custom op)."""
+    # is_compiling first: under torch.compile the rest is not traced.
     return (
-        type(t) in (torch.Tensor, torch.nn.Parameter)
+        not torch.compiler.is_compiling()
+        and type(t) in (torch.Tensor, torch.nn.Parameter)
         and t.is_cuda
-        and not torch.compiler.is_compiling()
         and _get_current_dispatch_mode() is None
     )
 

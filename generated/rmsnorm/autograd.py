@@ -89,14 +89,7 @@ def run_forward(x, w, save_rstd):
         rstd = torch.zeros(rows, dtype=torch.float32, device=x.device) if save_rstd else None
         return torch.empty_like(x), rstd
     fwd = kernel(
-        rmsnorm_fwd,
-        rows,
-        cols,
-        DTYPE_NAMES[x.dtype],
-        DTYPE_NAMES[w.dtype],
-        EPS,
-        save_rstd,
-        **FWD_TILING,
+        rmsnorm_fwd, cols, DTYPE_NAMES[x.dtype], DTYPE_NAMES[w.dtype], EPS, save_rstd, **FWD_TILING
     )
     # Direct writes: every element (every row's rstd) is written once.
     y = torch.empty_like(x)
@@ -160,7 +153,6 @@ def launch_backward(x, rstd, w, dy, dx, dw_out, reduction):
     save_rstd = rstd is not None
     bwd = kernel(
         rmsnorm_bwd,
-        rows,
         cols,
         DTYPE_NAMES[x.dtype],
         DTYPE_NAMES[w.dtype],
@@ -266,10 +258,11 @@ class EagerFunction(torch.autograd.Function):
 
 def eager(t):
     """Whether a call with first tensor t runs EagerFunction (else the custom op)."""
+    # is_compiling first: under torch.compile the rest is not traced.
     return (
-        type(t) in (torch.Tensor, torch.nn.Parameter)
+        not torch.compiler.is_compiling()
+        and type(t) in (torch.Tensor, torch.nn.Parameter)
         and t.is_cuda
-        and not torch.compiler.is_compiling()
         and _get_current_dispatch_mode() is None
     )
 

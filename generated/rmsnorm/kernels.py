@@ -6,9 +6,9 @@ The kernels take x as a [rows, C] matrix (every dim but the last folded into row
 A block covers block_rows rows and loops over C in chunks of block_channels; the last chunk is
 guarded, so any C up to the padded row width works. The rows are staged in shared memory on the
 first pass (the row sums) and read back from there on the second, so x and dy leave HBM once.
-Shapes, dtypes, eps, whether rstd is saved, the dw reduction and the tiling are factory arguments:
-one module serves every runtime shape and variant, and TileLang compiles and caches one kernel per
-argument set. Every sum runs in fp32.
+C, dtypes, eps, whether rstd is saved, the dw reduction and the tiling are factory arguments; the
+row count is symbolic (bound from x at each call), so one compiled kernel per variant serves every
+row count. Every sum runs in fp32.
 
 Note [row sums in shared memory]: a reduced fragment is replicated across threads and lends its
 layout to any loop that reads it; a loop over a whole chunk that read it would run on the few
@@ -43,11 +43,12 @@ def dw_buffer(reduction, rows, cols, block_rows):
 
 
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
-def rmsnorm_fwd(rows, cols, dtype, w_dtype, eps, save_rstd, block_rows, block_channels, threads):
+def rmsnorm_fwd(cols, dtype, w_dtype, eps, save_rstd, block_rows, block_channels, threads):
     """y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), in fp32 (and the fp32 rstd per row when saved). Grid (ceildiv(rows, block_rows),).
 
     No out_idx: Y (and Rstd, one fp32 per row, with save_rstd) are passed in, written once each.
     """
+    rows = T.dynamic("rows")
     shape = [rows, cols]
     chunks = -(-cols // block_channels)
     inv_cols = 1.0 / cols
@@ -109,7 +110,7 @@ def rmsnorm_fwd(rows, cols, dtype, w_dtype, eps, save_rstd, block_rows, block_ch
 
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
 def rmsnorm_bwd(
-    rows, cols, dtype, w_dtype, eps, save_rstd, reduction, block_rows, block_channels, threads
+    cols, dtype, w_dtype, eps, save_rstd, reduction, block_rows, block_channels, threads
 ):
     """dx = rstd * (w * dy - x * rstd^2 * mean(w * dy * x)); dw: the block's fp32 sums of dy * x * rstd over its rows, one atomic add or partial per channel. Grid (ceildiv(rows, block_rows),).
 
@@ -121,6 +122,7 @@ def rmsnorm_bwd(
     No out_idx: dX (written once per element) and dW (the fp32 buffer of `dw_buffer`: zeroed for
     atomic) are passed in. Rstd (fp32 per row) is an input with save_rstd, else recomputed.
     """
+    rows = T.dynamic("rows")
     shape = [rows, cols]
     chunks = -(-cols // block_channels)
     width = padded(cols, block_channels)
@@ -185,7 +187,9 @@ def rmsnorm_bwd(
                         else:
                             dW[bx, c] = dw_sums[c]
 
-    dw_shape = dw_buffer(reduction, rows, cols, block_rows)
+    # split: one partial per row block; their count, ceildiv(rows, block_rows), is its own symbol
+    # (TVM binds symbols from plain dims only).
+    dw_shape = [cols] if reduction == "atomic" else [T.dynamic("row_blocks"), cols]
     if save_rstd:
 
         @T.prim_func

@@ -274,6 +274,15 @@ def compile_case():
     return scaled_silu, inputs, dy, DTYPES[0]
 
 
+def length_cases():
+    """(function, inputs, dy) of one variant (the tail shape's last dim) at several row counts."""
+    cols = TAIL_SHAPE[-1]
+    return [
+        (scaled_silu, *make_inputs(shape, DTYPES[0]))
+        for shape in ((1, cols), (77, cols), (3, 5, cols), (1000, cols))
+    ]
+
+
 def opcheck_cases():
     """(op, args) for opcheck: the forward op with either saved.sigmoid, and the backward op on
     what each forward saved; split dw, whose result is deterministic."""

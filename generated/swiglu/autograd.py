@@ -134,7 +134,6 @@ def run_forward(a, b, save_sigmoid):
     rows, cols = a.shape
     fwd = kernel(
         swiglu_fwd,
-        rows,
         cols,
         row_stride(a),
         row_stride(b),
@@ -154,7 +153,6 @@ def launch_backward(a, b, s, dy, da, db):
     save_sigmoid = s is not None
     bwd = kernel(
         swiglu_bwd,
-        rows,
         cols,
         row_stride(a),
         row_stride(b),
@@ -258,10 +256,11 @@ class EagerFunction(torch.autograd.Function):
 
 def eager(t):
     """Whether a call with first tensor t runs EagerFunction (else the custom op)."""
+    # is_compiling first: under torch.compile the rest is not traced.
     return (
-        type(t) in (torch.Tensor, torch.nn.Parameter)
+        not torch.compiler.is_compiling()
+        and type(t) in (torch.Tensor, torch.nn.Parameter)
         and t.is_cuda
-        and not torch.compiler.is_compiling()
         and _get_current_dispatch_mode() is None
     )
 

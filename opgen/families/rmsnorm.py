@@ -25,7 +25,7 @@ from pydantic import Field
 
 from opgen.families.contract import Family, scaffold
 from opgen.plan import (DTYPE_BYTES, SM90_SMEM_LIMIT, TESTED_SAVES, CompileJob, SavedAuxPlan,
-                        SourceInfo, Table, bytes_moved_table, ceildiv, explain_tables, format_bytes,
+                        SourceInfo, Table, bytes_moved_table, ceildiv, distinct_jobs, explain_tables, format_bytes,
                         kernel_plan, not_positive, refuse_shape, saved_aux_fields, saved_aux_jobs,
                         weight_dtype, weight_grads_table, weighted_bytes_moved)
 from opgen.spec import (BenchSection, Block, MatrixShape, PositiveInt, RowBlock, StrictModel,
@@ -251,28 +251,26 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
 
 
 def _compile_jobs(spec, kernels, tail_case, test_reductions) -> tuple[CompileJob, ...]:
-    """Every kernel variant the package launches, at a test shape with tail blocks: per dtype, fwd
-    with and without the saved rstd, bwd for each of those and each dw reduction the tests run;
-    then the benchmark's shapes with the spec's choices (the no-tail, vectorised path); then the
-    spec's choices at C = max_channels (the most shared memory the op ever asks for)."""
+    """Every kernel variant the package launches, at the tail shape's C: per dtype, fwd with and
+    without the saved rstd, bwd for each of those and each dw reduction the tests run; then the
+    benchmark's C with the spec's choices; then the spec's choices at C = max_channels (the most
+    shared memory the op ever asks for). The row count is symbolic: a variant is its C."""
     save_default = spec.saved.rstd == "save"
     section = spec.rmsnorm
 
-    def jobs_for(rows, cols, dtype, saves, reductions, tag):
-        args = (rows, cols, dtype, weight_dtype(section.weight_dtype, dtype), section.eps)
-        return saved_aux_jobs(kernels, args, saves, reductions, "rstd", f"{dtype} {rows}x{cols}",
-                              tag)
+    def jobs_for(cols, dtype, saves, reductions, tag):
+        args = (cols, dtype, weight_dtype(section.weight_dtype, dtype), section.eps)
+        return saved_aux_jobs(kernels, args, saves, reductions, "rstd", f"{dtype} C={cols}", tag)
 
-    rows, cols = matrix(tail_case.shape)
+    cols = matrix(tail_case.shape)[1]
     jobs = []
     for dtype in spec.dtypes:
-        jobs += jobs_for(rows, cols, dtype, TESTED_SAVES, test_reductions, "")
+        jobs += jobs_for(cols, dtype, TESTED_SAVES, test_reductions, "")
     spec_choice = ((save_default,), (spec.grads.dw.reduction,))
     for shape in spec.bench.shapes:
-        jobs += jobs_for(shape.rows, shape.channels, spec.bench.dtype, *spec_choice, " (bench)")
-    jobs += jobs_for(rows, spec.rmsnorm.max_channels, spec.dtypes[0], *spec_choice,
-                     " (max_channels)")
-    return tuple(jobs)
+        jobs += jobs_for(shape.channels, spec.bench.dtype, *spec_choice, " (bench)")
+    jobs += jobs_for(spec.rmsnorm.max_channels, spec.dtypes[0], *spec_choice, " (max_channels)")
+    return distinct_jobs(jobs)
 
 
 def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:

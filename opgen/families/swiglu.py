@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from opgen.families.contract import Family, scaffold
 from opgen.plan import (DTYPE_BYTES, TESTED_SAVES, BytesBenchCase, CompileJob, GradPlan, PlanBase,
-                        ShapeCase, SourceInfo, Table, base_fields, ceildiv, explain_tables,
+                        ShapeCase, SourceInfo, Table, base_fields, ceildiv, distinct_jobs, explain_tables,
                         format_bytes, kernel_plan, not_positive, refuse_shape)
 from opgen.spec import (BenchSection, Block, DirectGrad, MatrixShape, RowBlock, SavedSigmoid,
                         StrictModel, TensorShape, TestSection, Threads, family_spec, shapes_of,
@@ -190,32 +190,33 @@ def _compile_jobs(spec, kernels, tail_case, fused) -> tuple[CompileJob, ...]:
     """Every kernel variant the package launches at the tail shape, per dtype and saved.sigmoid:
     contiguous a and b (pair form), and the halves of a [rows, 2C] tensor (the fused form; in the
     pair form the tests' strided inputs): a in place with row stride 2C, b copied (its start is
-    not 16-byte aligned at an odd C). Then the benchmark's shapes with the spec's choices."""
+    not 16-byte aligned at an odd C). Then the benchmark's shapes with the spec's choices. The
+    row count is symbolic: a variant is its C and row strides."""
     fwd, bwd = kernels["fwd"], kernels["bwd"]
 
-    def jobs_for(rows, cols, dtype, saves, layouts, tag):
+    def jobs_for(cols, dtype, saves, layouts, tag):
         for save in saves:
             sig = "save" if save else "recompute"
             for (a_stride, b_stride, g_stride), what in layouts:
-                size = f"{dtype} {rows}x{cols} sigmoid={sig} {what}{tag}"
-                yield CompileJob(fwd.factory, (rows, cols, a_stride, b_stride, dtype, save),
+                size = f"{dtype} C={cols} sigmoid={sig} {what}{tag}"
+                yield CompileJob(fwd.factory, (cols, a_stride, b_stride, dtype, save),
                                  fwd.tiling, f"fwd {size}")
-                yield CompileJob(bwd.factory, (rows, cols, a_stride, b_stride, g_stride,
-                                               g_stride, dtype, save), bwd.tiling, f"bwd {size}")
+                yield CompileJob(bwd.factory, (cols, a_stride, b_stride, g_stride, g_stride,
+                                               dtype, save), bwd.tiling, f"bwd {size}")
 
-    rows, cols = matrix(tail_case.shape)
+    cols = matrix(tail_case.shape)[1]
     halves = ((2 * cols, cols, 2 * cols if fused else cols), "halves of [rows, 2C]")
     contiguous = ((cols, cols, cols), "contiguous")
     layouts = (halves,) if fused else (contiguous, halves)
     jobs = []
     for dtype in spec.dtypes:
-        jobs += jobs_for(rows, cols, dtype, TESTED_SAVES, layouts, "")
+        jobs += jobs_for(cols, dtype, TESTED_SAVES, layouts, "")
     for shape in spec.bench.shapes:
         c = shape.channels
         bench_layout = ((2 * c, 2 * c, 2 * c), "fused") if fused else ((c, c, c), "contiguous")
-        jobs += jobs_for(shape.rows, c, spec.bench.dtype, (spec.saved.sigmoid == "save",),
-                         (bench_layout,), " (bench)")
-    return tuple(jobs)
+        jobs += jobs_for(c, spec.bench.dtype, (spec.saved.sigmoid == "save",), (bench_layout,),
+                         " (bench)")
+    return distinct_jobs(jobs)
 
 
 def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:

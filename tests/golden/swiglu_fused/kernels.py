@@ -4,10 +4,10 @@
 
 The kernels take a, b, y and the gradients as [rows, cols] matrices whose last dim is contiguous.
 a and b (and da, db) are strided tensors: each has its own row stride, so the halves of a wider
-tensor ([rows, 2 * cols], a = its first half) are read and written in place. Shapes, strides,
-the dtype, whether sigmoid(a) is saved and the tiling are factory arguments, so one module serves
-every runtime shape and variant; TileLang compiles and caches one kernel per argument set. Every
-element access is guarded against the tail blocks; sigmoid and the products run in fp32."""
+tensor ([rows, 2 * cols], a = its first half) are read and written in place. cols, the row
+strides, the dtype, whether sigmoid(a) is saved and the tiling are factory arguments; the row count
+is symbolic (bound from a at each call), so one compiled kernel per variant serves every row count.
+Every element access is guarded against the tail blocks; sigmoid and the products run in fp32."""
 
 import tilelang
 import tilelang.language as T
@@ -25,15 +25,15 @@ def _sigmoid(x):
 
 def _matrix(rows, cols, stride, dtype):
     """A [rows, cols] matrix with row stride `stride` (elements) and a contiguous last dim: a
-    dense tensor where the stride is cols or there is one row (whose stride means nothing)."""
-    if stride == cols or rows == 1:
+    dense tensor where the stride is cols (the caller passes cols for a single row)."""
+    if stride == cols:
         return T.Tensor([rows, cols], dtype)
     return T.StridedTensor([rows, cols], (stride, 1), dtype)
 
 
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
 def swiglu_fused_fwd(
-    rows, cols, a_stride, b_stride, dtype, save_sigmoid, block_rows, block_cols, threads
+    cols, a_stride, b_stride, dtype, save_sigmoid, block_rows, block_cols, threads
 ):
     """y = a * sigmoid(a) * b in fp32 (and fp32 sigmoid(a) when saved). Grid (ceildiv(cols, block_cols), ceildiv(rows, block_rows)).
 
@@ -41,6 +41,7 @@ def swiglu_fused_fwd(
     passed in, written once each. S stays fp32 so that the backward from it is as exact as the
     one that recomputes it.
     """
+    rows = T.dynamic("rows")
     shape = [rows, cols]
 
     @T.macro
@@ -84,7 +85,6 @@ def swiglu_fused_fwd(
 
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
 def swiglu_fused_bwd(
-    rows,
     cols,
     a_stride,
     b_stride,
@@ -101,6 +101,7 @@ def swiglu_fused_bwd(
     No out_idx: dA and dB (each with its own row stride, written once per element) are passed in; dY is
     contiguous. S = sigmoid(a) (fp32, contiguous) is an input with save_sigmoid, else recomputed.
     """
+    rows = T.dynamic("rows")
     shape = [rows, cols]
 
     @T.macro

@@ -240,6 +240,15 @@ def compile_case():
     return swiglu_fused, inputs, dy, DTYPES[0]
 
 
+def length_cases():
+    """(function, inputs, dy) of one variant (the tail shape's last dim) at several row counts."""
+    cols = TAIL_SHAPE[-1]
+    return [
+        (swiglu_fused, *make_inputs(shape, DTYPES[0]))
+        for shape in ((1, cols), (77, cols), (3, 5, cols), (1000, cols))
+    ]
+
+
 def opcheck_cases():
     """(op, args) for opcheck: the forward op with either saved.sigmoid, and the backward op on
     what each forward saved."""
@@ -303,6 +312,19 @@ def test_cuda_graph_replays_forward_and_backward():
     for name, t in fresh.items():
         if t.grad is not None:
             assert_close(f"replayed d{name}", static[name].grad, t.grad, dtype)
+
+
+@requires_cuda
+def test_new_lengths_compile_nothing():
+    """Row counts are symbolic in the kernels: after the first call, fwd+bwd at
+    other sizes (odd ones included) builds no kernel."""
+    calls = length_cases()
+    assert len(calls) >= 4
+    counts = []
+    for fn, inputs, grad_out in calls:
+        fn(*inputs.values()).backward(grad_out)
+        counts.append(len(autograd.KERNELS))
+    assert counts[1:] == counts[:1] * (len(counts) - 1), f"kernels built per new size: {counts}"
 
 
 @requires_cuda
