@@ -3,10 +3,10 @@ package returns the reference's results (empty, or zeros where a sum runs over a
 without building or launching a kernel; k and v with 0 heads next to a q with some are a shape
 error.
 
-The custom ops run their implementations on real CPU tensors here (only the public functions
-refuse CPU tensors), with every kernel factory replaced by a trap: the empty path must return
-before any of them. The input checks, which want CUDA tensors, run on FakeTensorMode tensors of a
-fake CUDA device. The generated tests run the same cases on the GPU through the public functions.
+The custom ops run their implementations on real CPU tensors here (apply_op takes them; the
+public functions run the reference on CPU tensors instead), with every kernel factory replaced by
+a trap: the empty path must return before any of them. The public functions' CUDA path runs on
+FakeTensorMode tensors of a fake CUDA device. The generated tests run the same cases on the GPU through the public functions.
 """
 
 from __future__ import annotations
@@ -177,6 +177,17 @@ def test_public_function_accepts_empty_work(package, make, trap_kernels):
         case = make("cuda")
         out = public(*case.inputs.values(), **case.kwargs)
     assert out.device.type == "cuda"
+
+
+@pytest.mark.parametrize("package, make", PARAMS)
+def test_public_function_on_empty_cpu_inputs_runs_the_reference(package, make, trap_kernels):
+    """Empty CPU inputs pass the checks and get the reference's (empty) result."""
+    trap_kernels(package)
+    public = getattr(import_generated(package, "autograd"), package)
+    reference = getattr(import_generated(package, "reference"), f"{package}_reference")
+    case = make("cpu")
+    out = public(*case.inputs.values(), **case.kwargs)
+    assert torch.equal(out, reference(*case.inputs.values(), **case.kwargs))
 
 
 @pytest.mark.parametrize("package", ATTENTION)

@@ -249,9 +249,11 @@ def test_as_matrix_copies_what_the_kernels_cannot_read_in_place(autograd):
 
 
 def test_check_inputs_messages(autograd):
+    meta = torch.zeros(4, 8, dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match="a must be on a CUDA device, or the CPU"):
+        autograd.check_inputs(meta, meta)
     cpu = torch.zeros(4, 8, dtype=torch.float16)
-    with pytest.raises(ValueError, match="a must be on a CUDA device"):
-        autograd.check_inputs(cpu, cpu)
+    autograd.check_inputs(cpu, cpu)  # the public function then runs the reference
     with FakeTensorMode():  # fake CUDA tensors (views of them need a CUDA build: none here)
         def fake(shape, strides=None, dtype=torch.float16):
             strides = strides or torch.empty(shape).stride()

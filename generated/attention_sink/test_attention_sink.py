@@ -470,7 +470,26 @@ def test_rejects_bad_inputs_before_launch(no_launch):
         attention_sink(*good.values(), causal=False, window=16, layout=layout)
 
 
-def test_rejects_cpu_tensors():
-    q = torch.randn(1, 16, 1, 64, dtype=torch.float16)
-    with pytest.raises(ValueError, match="CUDA"):
-        check_inputs(q, q, q, q, False, None, LAYOUTS[0])
+def test_cpu_tensors_run_the_reference():
+    """CPU tensors pass the same checks and get the reference's output and gradients (no kernel)."""
+    causal, window, layout = True, None, LAYOUTS[0]
+    q = torch.randn(1, 16, 1, 64, dtype=torch.float16, requires_grad=True)
+    dtype = q.dtype
+    sinks = torch.zeros(dims(q, layout)[1], dtype=torch.float32, requires_grad=True)
+    inputs = (q, q, q, sinks)
+    out = attention_sink(*inputs, causal=causal, window=window, layout=layout)
+    grads = torch.autograd.grad(out.float().sum(), inputs)
+    ref = attention_sink_reference(*inputs, causal=causal, window=window, layout=layout)
+    assert torch.equal(out, ref)
+    for grad, want in zip(grads, torch.autograd.grad(ref.float().sum(), inputs)):
+        assert torch.equal(grad, want)
+    with pytest.raises(ValueError, match="a CUDA device, or the CPU"):
+        check_inputs(
+            q.detach().to("meta"),
+            q.detach().to("meta"),
+            q.detach().to("meta"),
+            q.detach().to("meta"),
+            False,
+            None,
+            layout,
+        )

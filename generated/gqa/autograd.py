@@ -20,6 +20,7 @@ from .kernels import (
     dkv_buffer,
     dq_accum_seq_len,
 )
+from .reference import gqa_reference
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 DTYPE_NAMES = {
@@ -137,8 +138,10 @@ def check_inputs(q, k, v, causal, window, layout):
     ):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"gqa: {name} must be a torch.Tensor (got {type(t).__name__})")
-        if t.device.type != "cuda":
-            raise ValueError(f"gqa: {name} must be on a CUDA device (got {t.device})")
+        if t.device.type not in ("cuda", "cpu"):
+            raise ValueError(
+                f"gqa: {name} must be on a CUDA device, or the CPU (the reference) (got {t.device})"
+            )
         if not t.is_contiguous():
             raise ValueError(
                 f"gqa: {name} must be contiguous (got shape {tuple(t.shape)}, strides "
@@ -159,7 +162,15 @@ def check_inputs(q, k, v, causal, window, layout):
             f"gqa: q, k and v must have one dtype (got {q.dtype}, {k.dtype}, {v.dtype})"
         )
     if not (q.device == k.device == v.device == q.device):
-        raise ValueError("gqa: all tensors must be on one device")
+        devices = ", ".join(
+            f"{name} {t.device}"
+            for name, t in (
+                ("q", q),
+                ("k", k),
+                ("v", v),
+            )
+        )
+        raise ValueError(f"gqa: all tensors must be on one device (got {devices})")
     batch, heads, seq_len, head_dim = dims(q, layout)
     kv_batch, kv_heads, kv_seq_len, kv_head_dim = dims(k, layout)
     if k.shape != v.shape or (kv_batch, kv_seq_len, kv_head_dim) != (batch, seq_len, head_dim):
@@ -392,11 +403,27 @@ def apply_op(q, k, v, causal, window, layout):
 
 
 def gqa(q, k, v, causal=True, layout="bshd"):
-    """Softmax attention softmax(q k^T / sqrt(head_dim)) v, differentiable in q, k, v.
+    """Softmax attention O = softmax(q k^T / sqrt(head_dim), masked) v, differentiable in q, k, v.
 
-    q, k, v: [batch, seq_len, heads, head_dim] for layout 'bshd'.
+    q: the queries, torch.float16 or torch.bfloat16, contiguous; head_dim one of 64, 128;
+    [batch, seq_len, heads, head_dim] for layout 'bshd'.
+    k, v: the keys and values: q's batch, seq_len, head_dim and dtype, with kv_heads heads, a
+    divisor of q's heads (grouped-query attention: KV head h serves the heads // kv_heads
+    consecutive query heads from h * heads // kv_heads).
+    causal: query i sees keys j <= i (else every key).
+    layout: "bshd", the dim order of q, k, v and O.
+    Returns O: q's shape and dtype. The scores are scaled by 1 / sqrt(head_dim); softmax and
+    accumulation run in float32.
+    CUDA tensors run the kernels. CPU tensors run reference.py (plain torch, float32 math,
+    differentiable by autograd) after the same input checks: for CPU tests and exports, not
+    speed. Tensors on more than one device raise ValueError before any launch.
     batch, heads (k's and v's too) or seq_len 0 is empty work: an empty O, zero gradients (empty
     for empty inputs), no kernel launch.
     """
     check_inputs(q, k, v, causal, None, layout)
+    if q.device.type == "cpu":
+        # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or
+        # torch.compile of a CPU model trace ops that run on the CPU. Only CUDA tensors reach the
+        # kernels (apply_op always takes them).
+        return gqa_reference(q, k, v, causal=causal, layout=layout)
     return apply_op(q, k, v, causal, None, layout)

@@ -11,6 +11,7 @@ from .kernels import (
     linear_attention_fwd,
     linear_attention_bwd,
 )
+from .reference import linear_attention_reference
 
 DTYPE_NAMES = {
     torch.float16: "float16",
@@ -78,7 +79,7 @@ def check_aligned(q, k, v):
 def check_inputs(q, k, v):
     """Raise a clear error for anything the kernels cannot take, before any launch.
 
-    q, k: [B, S, H, Dk], v: [B, S, H, Dv]; one dtype, one CUDA device, contiguous. The forward op
+    q, k: [B, S, H, Dk], v: [B, S, H, Dv]; one dtype, one device, contiguous. The forward op
     checks 16-byte alignment (check_aligned).
     """
     tensors = [("q", q), ("k", k), ("v", v)]
@@ -87,8 +88,10 @@ def check_inputs(q, k, v):
             raise TypeError(
                 f"linear_attention: {name} must be a torch.Tensor (got {type(t).__name__})"
             )
-        if t.device.type != "cuda":
-            raise ValueError(f"linear_attention: {name} must be on a CUDA device (got {t.device})")
+        if t.device.type not in ("cuda", "cpu"):
+            raise ValueError(
+                f"linear_attention: {name} must be on a CUDA device, or the CPU (the reference) (got {t.device})"
+            )
     if q.dtype not in DTYPE_NAMES:
         raise TypeError(
             f"linear_attention: q has dtype {q.dtype}; supported: {', '.join(map(str, DTYPE_NAMES))}"
@@ -267,9 +270,17 @@ def apply_op(q, k, v):
 def linear_attention(q, k, v):
     """Causal linear attention O_t = scale * sum_{s <= t} (q_t . k_s) v_s, scale dim_k ** -0.5; differentiable in q, k, v.
 
-    q, k: [B, S, H, Dk], v: [B, S, H, Dv], torch.float16 or torch.bfloat16, one CUDA device,
+    q, k: [B, S, H, Dk], v: [B, S, H, Dv], torch.float16 or torch.bfloat16, one device,
     contiguous; 1 <= Dk, Dv <= 256. Returns O [B, S, H, Dv] in q's dtype. B, S or H
     0 is empty work: an empty O and gradients, no kernel launch.
+    CUDA tensors run the kernels. CPU tensors run reference.py (plain torch, float32 math,
+    differentiable by autograd) after the same input checks: for CPU tests and exports, not
+    speed. Tensors on more than one device raise ValueError before any launch.
     """
     check_inputs(q, k, v)
+    if q.device.type == "cpu":
+        # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or
+        # torch.compile of a CPU model trace ops that run on the CPU. Only CUDA tensors reach the
+        # kernels (apply_op always takes them).
+        return linear_attention_reference(q, k, v)
     return apply_op(q, k, v)

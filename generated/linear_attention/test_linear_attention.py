@@ -353,7 +353,7 @@ def test_rejects_bad_inputs_before_launch(no_launch):
         linear_attention(q.double(), k.double(), v.double())
     with pytest.raises(TypeError, match="must have q's dtype"):
         linear_attention(q, k.to(other), v)
-    with pytest.raises(ValueError, match="CUDA"):
+    with pytest.raises(ValueError, match="one device"):
         linear_attention(q, k, v.cpu())
     with pytest.raises(TypeError, match="torch.Tensor"):
         linear_attention(q, 1.0, v)
@@ -383,5 +383,5 @@ def test_rejects_cpu_tensors():
     batch, seq_len, heads, dim_k, dim_v = TAIL_SHAPE
     q = torch.ones(batch, seq_len, heads, dim_k, dtype=torch.float16)
     v = torch.ones(batch, seq_len, heads, dim_v, dtype=torch.float16)
-    with pytest.raises(ValueError, match="CUDA"):
+    with pytest.raises(ValueError, match="one device"):
         linear_attention(q, q, v)

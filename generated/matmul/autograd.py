@@ -16,6 +16,7 @@ from .kernels import (
     matmul_bwd_dbias,
     dbias_partials_shape,
 )
+from .reference import matmul_reference
 
 DTYPE_NAMES = {
     torch.float16: "float16",
@@ -72,8 +73,10 @@ def check_inputs(a, b, bias):
     for name, t in tensors:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"matmul: {name} must be a torch.Tensor (got {type(t).__name__})")
-        if t.device.type != "cuda":
-            raise ValueError(f"matmul: {name} must be on a CUDA device (got {t.device})")
+        if t.device.type not in ("cuda", "cpu"):
+            raise ValueError(
+                f"matmul: {name} must be on a CUDA device, or the CPU (the reference) (got {t.device})"
+            )
     if a.dtype not in DTYPE_NAMES:
         raise TypeError(
             f"matmul: a has dtype {a.dtype}; supported: {', '.join(map(str, DTYPE_NAMES))}"
@@ -308,9 +311,17 @@ def matmul(a, b, bias):
     a: [M, K] or [..., M, K] (leading dims flattened into M), torch.float16 or torch.bfloat16.
     b: [K, N], a's dtype.
     bias: [N], a's dtype.
-    Every tensor on one CUDA device, contiguous. Returns C of shape [..., M, N], a's dtype.
+    Every tensor on one device, contiguous. Returns C of shape [..., M, N], a's dtype.
     M, N or K may be 0: C and every gradient are then what torch gives (a sum over an empty dim
     is zeros: C = bias for K = 0), and empty work launches no kernel.
+    CUDA tensors run the kernels. CPU tensors run reference.py (plain torch, float32 math,
+    differentiable by autograd) after the same input checks: for CPU tests and exports, not
+    speed. Tensors on more than one device raise ValueError before any launch.
     """
     check_inputs(a, b, bias)
+    if a.device.type == "cpu":
+        # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or
+        # torch.compile of a CPU model trace ops that run on the CPU. Only CUDA tensors reach the
+        # kernels (apply_op always takes them).
+        return matmul_reference(a, b, bias)
     return apply_op(a, b, bias)

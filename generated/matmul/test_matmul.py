@@ -454,7 +454,7 @@ def test_rejects_bad_inputs_before_launch(no_launch):
         call(a.double(), b.double(), *(t.double() for t in rest))
     with pytest.raises(TypeError, match="must have a's dtype"):
         call(a, b.to(other), *rest)
-    with pytest.raises(ValueError, match="CUDA"):
+    with pytest.raises(ValueError, match="one device"):
         call(a, b.cpu(), *rest)
     with pytest.raises(TypeError, match="torch.Tensor"):
         call(a, 1.0, *rest)
@@ -489,5 +489,5 @@ def test_rejects_bad_inputs_before_launch(no_launch):
 def test_rejects_cpu_tensors():
     m, n, k = TAIL_SHAPE
     inputs = [torch.ones(m, k), torch.ones(k, n)] + ([torch.ones(n)] if autograd.BIAS else [])
-    with pytest.raises(ValueError, match="CUDA"):
+    with pytest.raises(ValueError, match="one device"):
         matmul(*(t.to(torch.float16) for t in inputs))

@@ -12,6 +12,7 @@ from .kernels import (
     rmsnorm_bwd,
     dw_buffer,
 )
+from .reference import rmsnorm_reference
 
 DTYPE_NAMES = {
     torch.float16: "float16",
@@ -45,8 +46,10 @@ def check_inputs(x, w):
     for name, t in (("x", x), ("w", w)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"rmsnorm: {name} must be a torch.Tensor (got {type(t).__name__})")
-        if t.device.type != "cuda":
-            raise ValueError(f"rmsnorm: {name} must be on a CUDA device (got {t.device})")
+        if t.device.type not in ("cuda", "cpu"):
+            raise ValueError(
+                f"rmsnorm: {name} must be on a CUDA device, or the CPU (the reference) (got {t.device})"
+            )
     if x.dtype not in X_DTYPES:
         raise TypeError(
             f"rmsnorm: x has dtype {x.dtype}; supported: {', '.join(map(str, X_DTYPES))}"
@@ -277,9 +280,17 @@ def rmsnorm(x, w):
     """RMSNorm over the last dim: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + 1e-06),
     differentiable in x and w.
 
-    x: a CUDA tensor [..., C], torch.float16 or torch.bfloat16, contiguous, C <= 16384.
+    x: a tensor [..., C], torch.float16 or torch.bfloat16, contiguous, C <= 16384.
     w: one learnable weight per channel, shape (C,); dtype x.dtype.
+    CUDA tensors run the kernels. CPU tensors run reference.py (plain torch, float32 math,
+    differentiable by autograd) after the same input checks: for CPU tests and exports, not
+    speed. Tensors on more than one device raise ValueError before any launch.
     An empty x (a dim 0) gives an empty y, an empty dx and a zero dw, with no kernel launch.
     """
     check_inputs(x, w)
+    if x.device.type == "cpu":
+        # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or
+        # torch.compile of a CPU model trace ops that run on the CPU. Only CUDA tensors reach the
+        # kernels (apply_op always takes them).
+        return rmsnorm_reference(x, w)
     return apply_op(x, w, SAVE_RSTD, DW_REDUCTION)

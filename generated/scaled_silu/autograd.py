@@ -12,6 +12,7 @@ from .kernels import (
     scaled_silu_bwd,
     dw_buffer,
 )
+from .reference import scaled_silu_reference
 
 DTYPE_NAMES = {
     torch.float16: "float16",
@@ -43,8 +44,10 @@ def check_inputs(x, w):
     for name, t in (("x", x), ("w", w)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"scaled_silu: {name} must be a torch.Tensor (got {type(t).__name__})")
-        if t.device.type != "cuda":
-            raise ValueError(f"scaled_silu: {name} must be on a CUDA device (got {t.device})")
+        if t.device.type not in ("cuda", "cpu"):
+            raise ValueError(
+                f"scaled_silu: {name} must be on a CUDA device, or the CPU (the reference) (got {t.device})"
+            )
     if x.dtype not in X_DTYPES:
         raise TypeError(
             f"scaled_silu: x has dtype {x.dtype}; supported: {', '.join(map(str, X_DTYPES))}"
@@ -283,9 +286,17 @@ def apply_op(x, w, save_sigmoid, dw_reduction):
 def scaled_silu(x, w):
     """y = w * silu(x) = w * x * sigmoid(x), differentiable in x and w.
 
-    x: a CUDA tensor of any shape, torch.float16 or torch.bfloat16, contiguous.
+    x: a tensor of any shape, torch.float16 or torch.bfloat16, contiguous.
     w: a learnable scalar: shape () or (1,); dtype torch.float32.
+    CUDA tensors run the kernels. CPU tensors run reference.py (plain torch, float32 math,
+    differentiable by autograd) after the same input checks: for CPU tests and exports, not
+    speed. Tensors on more than one device raise ValueError before any launch.
     An empty x (a dim 0) gives an empty y, an empty dx and a zero dw, with no kernel launch.
     """
     check_inputs(x, w)
+    if x.device.type == "cpu":
+        # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or
+        # torch.compile of a CPU model trace ops that run on the CPU. Only CUDA tensors reach the
+        # kernels (apply_op always takes them).
+        return scaled_silu_reference(x, w)
     return apply_op(x, w, SAVE_SIGMOID, DW_REDUCTION)

@@ -11,6 +11,7 @@ from .kernels import (
     swiglu_fwd,
     swiglu_bwd,
 )
+from .reference import swiglu_reference
 
 DTYPE_NAMES = {
     torch.float16: "float16",
@@ -68,8 +69,10 @@ def _dense_copy(t):
 def _check_tensor(name, t):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"swiglu: {name} must be a torch.Tensor (got {type(t).__name__})")
-    if t.device.type != "cuda":
-        raise ValueError(f"swiglu: {name} must be on a CUDA device (got {t.device})")
+    if t.device.type not in ("cuda", "cpu"):
+        raise ValueError(
+            f"swiglu: {name} must be on a CUDA device, or the CPU (the reference) (got {t.device})"
+        )
     if t.dtype not in DTYPES:
         raise TypeError(
             f"swiglu: {name} has dtype {t.dtype}; supported: {', '.join(map(str, DTYPES))}"
@@ -274,10 +277,18 @@ def apply_op(a, b, save_sigmoid):
 def swiglu(a, b):
     """y = silu(a) * b = a * sigmoid(a) * b, differentiable in a and b.
 
-    a, b: CUDA tensors of one shape [..., C] and dtype (torch.float16 or torch.bfloat16), each
+    a, b: tensors of one shape [..., C] and dtype (torch.float16 or torch.bfloat16), each
     with a contiguous last dim (rows may be strided: the halves of a wider tensor are read in
     place). y: a's shape, contiguous. Empty inputs give an empty y and zero da, db, with no
     kernel launch.
+    CUDA tensors run the kernels. CPU tensors run reference.py (plain torch, float32 math,
+    differentiable by autograd) after the same input checks: for CPU tests and exports, not
+    speed. Tensors on more than one device raise ValueError before any launch.
     """
     check_inputs(a, b)
+    if a.device.type == "cpu":
+        # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or
+        # torch.compile of a CPU model trace ops that run on the CPU. Only CUDA tensors reach the
+        # kernels (apply_op always takes them).
+        return swiglu_reference(a, b)
     return apply_op(a, b, SAVE_SIGMOID)

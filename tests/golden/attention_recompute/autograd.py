@@ -20,6 +20,7 @@ from .kernels import (
     dkv_buffer,
     dq_accum_seq_len,
 )
+from .reference import attention_recompute_reference
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 DTYPE_NAMES = {
@@ -140,9 +141,9 @@ def check_inputs(q, k, v, causal, window, layout):
             raise TypeError(
                 f"attention_recompute: {name} must be a torch.Tensor (got {type(t).__name__})"
             )
-        if t.device.type != "cuda":
+        if t.device.type not in ("cuda", "cpu"):
             raise ValueError(
-                f"attention_recompute: {name} must be on a CUDA device (got {t.device})"
+                f"attention_recompute: {name} must be on a CUDA device, or the CPU (the reference) (got {t.device})"
             )
         if not t.is_contiguous():
             raise ValueError(
@@ -164,7 +165,15 @@ def check_inputs(q, k, v, causal, window, layout):
             f"attention_recompute: q, k and v must have one dtype (got {q.dtype}, {k.dtype}, {v.dtype})"
         )
     if not (q.device == k.device == v.device == q.device):
-        raise ValueError("attention_recompute: all tensors must be on one device")
+        devices = ", ".join(
+            f"{name} {t.device}"
+            for name, t in (
+                ("q", q),
+                ("k", k),
+                ("v", v),
+            )
+        )
+        raise ValueError(f"attention_recompute: all tensors must be on one device (got {devices})")
     batch, heads, seq_len, head_dim = dims(q, layout)
     kv_batch, kv_heads, kv_seq_len, kv_head_dim = dims(k, layout)
     if k.shape != v.shape or (kv_batch, kv_seq_len, kv_head_dim) != (batch, seq_len, head_dim):
@@ -414,11 +423,25 @@ def apply_op(q, k, v, causal, window, layout):
 
 
 def attention_recompute(q, k, v, causal=True, layout="bhsd"):
-    """Softmax attention softmax(q k^T / sqrt(head_dim)) v, differentiable in q, k, v.
+    """Softmax attention O = softmax(q k^T / sqrt(head_dim), masked) v, differentiable in q, k, v.
 
-    q, k, v: [batch, heads, seq_len, head_dim] for layout 'bhsd'.
+    q: the queries, torch.bfloat16, contiguous; head_dim one of 64;
+    [batch, heads, seq_len, head_dim] for layout 'bhsd'.
+    k, v: the keys and values: q's shape and dtype.
+    causal: query i sees keys j <= i (else every key).
+    layout: "bhsd", the dim order of q, k, v and O.
+    Returns O: q's shape and dtype. The scores are scaled by 1 / sqrt(head_dim); softmax and
+    accumulation run in float32.
+    CUDA tensors run the kernels. CPU tensors run reference.py (plain torch, float32 math,
+    differentiable by autograd) after the same input checks: for CPU tests and exports, not
+    speed. Tensors on more than one device raise ValueError before any launch.
     batch, heads (k's and v's too) or seq_len 0 is empty work: an empty O, zero gradients (empty
     for empty inputs), no kernel launch.
     """
     check_inputs(q, k, v, causal, None, layout)
+    if q.device.type == "cpu":
+        # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or
+        # torch.compile of a CPU model trace ops that run on the CPU. Only CUDA tensors reach the
+        # kernels (apply_op always takes them).
+        return attention_recompute_reference(q, k, v, causal=causal, layout=layout)
     return apply_op(q, k, v, causal, None, layout)

@@ -432,7 +432,18 @@ def test_rejects_bad_inputs_before_launch(no_launch):
         attention_recompute(*good.values(), layout="sbhd")
 
 
-def test_rejects_cpu_tensors():
-    q = torch.randn(1, 16, 1, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="CUDA"):
-        check_inputs(q, q, q, False, None, LAYOUTS[0])
+def test_cpu_tensors_run_the_reference():
+    """CPU tensors pass the same checks and get the reference's output and gradients (no kernel)."""
+    causal, window, layout = True, None, LAYOUTS[0]
+    q = torch.randn(1, 16, 1, 64, dtype=torch.bfloat16, requires_grad=True)
+    inputs = (q, q, q)
+    out = attention_recompute(*inputs, causal=causal, layout=layout)
+    grads = torch.autograd.grad(out.float().sum(), inputs)
+    ref = attention_recompute_reference(*inputs, causal=causal, layout=layout)
+    assert torch.equal(out, ref)
+    for grad, want in zip(grads, torch.autograd.grad(ref.float().sum(), inputs)):
+        assert torch.equal(grad, want)
+    with pytest.raises(ValueError, match="a CUDA device, or the CPU"):
+        check_inputs(
+            q.detach().to("meta"), q.detach().to("meta"), q.detach().to("meta"), False, None, layout
+        )

@@ -11,6 +11,7 @@ from .kernels import (
     swiglu_fused_fwd,
     swiglu_fused_bwd,
 )
+from .reference import swiglu_fused_reference
 
 DTYPE_NAMES = {
     torch.float16: "float16",
@@ -68,8 +69,10 @@ def _dense_copy(t):
 def _check_tensor(name, t):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"swiglu_fused: {name} must be a torch.Tensor (got {type(t).__name__})")
-    if t.device.type != "cuda":
-        raise ValueError(f"swiglu_fused: {name} must be on a CUDA device (got {t.device})")
+    if t.device.type not in ("cuda", "cpu"):
+        raise ValueError(
+            f"swiglu_fused: {name} must be on a CUDA device, or the CPU (the reference) (got {t.device})"
+        )
     if t.dtype not in DTYPES:
         raise TypeError(
             f"swiglu_fused: {name} has dtype {t.dtype}; supported: {', '.join(map(str, DTYPES))}"
@@ -304,9 +307,17 @@ def swiglu_fused(x):
     """y = silu(a) * b with a = x[..., :C] (the first half of x's last dim) and b = x[..., C:],
     differentiable in x.
 
-    x: a CUDA tensor [..., 2C], torch.float16 or torch.bfloat16, its last dim contiguous (rows may
+    x: a tensor [..., 2C], torch.float16 or torch.bfloat16, its last dim contiguous (rows may
     be strided). y: [..., C], contiguous. An empty x gives an empty y and a zero dx, with no
     kernel launch.
+    CUDA tensors run the kernels. CPU tensors run reference.py (plain torch, float32 math,
+    differentiable by autograd) after the same input checks: for CPU tests and exports, not
+    speed. Tensors on more than one device raise ValueError before any launch.
     """
     check_inputs(x)
+    if x.device.type == "cpu":
+        # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or
+        # torch.compile of a CPU model trace ops that run on the CPU. Only CUDA tensors reach the
+        # kernels (apply_op always takes them).
+        return swiglu_fused_reference(x)
     return apply_op(x, SAVE_SIGMOID)
