@@ -29,7 +29,7 @@ from typing import Iterator
 
 from opgen.errors import OpgenError
 from opgen.manifest import MANIFEST, Manifest, ManifestError, parse_manifest, sha256
-from opgen.render import Generated
+from opgen.render import Generated, without_header
 
 try:
     import fcntl
@@ -128,12 +128,15 @@ def _owner_problem(gen: Generated, target: Path, current: dict[str, bytes]) -> s
 
 
 def _earlier_compile_check(current: dict[str, bytes], gen: Generated) -> Manifest | None:
-    """The manifest of an earlier build whose compile check still holds: kernels.py byte for byte
-    the same."""
+    """The manifest of an earlier build whose compile check still holds: the code of kernels.py
+    the same (its header, which names the spec and its hash, is no part of what compiled; the
+    compile cache ignores it too), and kernels.py as that build wrote it (no hand edit)."""
     manifest = _parse_or_none(current.get(MANIFEST))
     kernels = gen.files.get("kernels.py")
-    if (manifest and manifest.compile_checked and kernels is not None
-            and current.get("kernels.py") == kernels.encode("utf-8")):
+    on_disk = current.get("kernels.py")
+    if (manifest and manifest.compile_checked and kernels is not None and on_disk is not None
+            and manifest.files.get("kernels.py") == sha256(on_disk)
+            and without_header(on_disk.decode("utf-8", "replace")) == without_header(kernels)):
         return manifest
     return None
 

@@ -96,7 +96,7 @@ class SourceInfo:
     """What the header of every generated file records."""
 
     spec_path: str
-    spec_sha256: str
+    spec_sha256: str  # of the validated spec (opgen.spec.spec_digest), not of the file's bytes
     opgen_version: str
 
     @property

@@ -14,7 +14,7 @@ from opgen.errors import SpecError
 from opgen.families import FAMILIES, Family, family_names
 from opgen.manifest import MANIFEST, render_manifest
 from opgen.plan import PlanBase, SourceInfo
-from opgen.spec import echo, read_spec, validate
+from opgen.spec import echo, read_spec, spec_digest, validate
 
 BLACK_MODE = black.Mode(line_length=100)
 
@@ -66,7 +66,7 @@ def load_plan(path: Path) -> tuple[PlanBase, Family]:
         )])
     found = FAMILIES[family]
     spec = validate(found.spec, source)
-    return found.plan(spec, SourceInfo(source.path, source.sha256, __version__)), found
+    return found.plan(spec, SourceInfo(source.path, spec_digest(spec), __version__)), found
 
 
 def generate(path: Path, env: jinja2.Environment | None = None) -> Generated:

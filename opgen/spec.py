@@ -296,6 +296,14 @@ class SpecSource:
     data: dict[str, Any]
 
 
+def spec_digest(spec: BaseModel) -> str:
+    """The sha256 of the validated spec (every key, defaults filled in, sorted): what generated
+    files are stale against. A comment, whitespace or key-order edit of the file leaves it as it
+    is; so does spelling out a default."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
 def read_spec(path: Path) -> SpecSource:
     shown = path_for_display(path)
     try:

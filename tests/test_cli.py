@@ -305,6 +305,22 @@ def test_check_stale_after_spec_edit(foo, cli):
     assert check(cli).exit_code == 0
 
 
+def test_comment_and_whitespace_edits_leave_the_package_as_it_is(foo, cli):
+    """Headers and the manifest hash the validated spec, not the file: a comment, blank lines or
+    indentation change no generated file."""
+    spec = foo / "specs/foo.toml"
+    package = foo / "generated/foo"
+    before = {p.name: p.read_bytes() for p in package.iterdir()}
+    text = spec.read_text()
+    spec.write_text("# a new comment\n\n" + text.replace("\n[", "\n\n  [") + "\n# the end\n")
+    assert check(cli).exit_code == 0, check(cli).stdout
+    result = cli("build", "--no-compile")
+    assert result.exit_code == 0, result.output
+    assert {p.name: p.read_bytes() for p in package.iterdir()} == before
+    edit_fwd_block_n(spec)
+    assert check(cli).exit_code == 1
+
+
 def test_check_hand_edited(foo, cli):
     kernels = foo / "generated/foo/kernels.py"
     kernels.write_text(kernels.read_text().replace("\n\n\n", "\n\n\n# tuned by hand\n", 1))

@@ -28,6 +28,7 @@ from opgen.spec import (
     echo,
     field_path,
     read_spec,
+    spec_digest,
     validate,
 )
 
@@ -761,7 +762,8 @@ def test_load_plan_records_the_source(project):
     assert family is attention.FAMILY
     assert p.source.spec_path == "specs/x.toml"
     assert p.source.opgen_version == __version__
-    assert p.source.spec_sha256 == hashlib.sha256(MINIMAL.encode()).hexdigest()
+    assert p.source.spec_sha256 == spec_digest(validate(Spec, read_spec(path)))
+    assert p.source.spec_sha256 != hashlib.sha256(MINIMAL.encode()).hexdigest()
     assert p.source.short_hash == p.source.spec_sha256[:16]
 
 
