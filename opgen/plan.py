@@ -20,13 +20,10 @@ SM90_SMEM_LIMIT = 227 * 1024
 
 TORCH_DTYPES = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float32": "torch.float32"}
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-# The torch.library namespace of every generated custom op: torch.ops.opgen.<name>_<phase>.
-OP_NAMESPACE = "opgen"
-
-
-def custom_op_names(name: str, *phases: str) -> dict[str, str]:
-    """The qualified torch.library names of a package's custom ops, by phase ("opgen::x_fwd")."""
-    return {phase: f"{OP_NAMESPACE}::{name}_{phase}" for phase in phases}
+def custom_op_names(namespace: str, name: str, *phases: str) -> dict[str, str]:
+    """The qualified torch.library names of a package's custom ops, by phase ("opgen::x_fwd":
+    torch.ops.opgen.x_fwd); the namespace is the spec's."""
+    return {phase: f"{namespace}::{name}_{phase}" for phase in phases}
 
 
 def ceildiv(a: int, b: int) -> int:
@@ -184,7 +181,7 @@ def base_fields(spec: Any, source: SourceInfo, *op_phases: str) -> dict[str, Any
     return {
         "family": spec.family,
         "name": spec.name,
-        "ops": custom_op_names(spec.name, *(op_phases or ("fwd", "bwd"))),
+        "ops": custom_op_names(spec.namespace, spec.name, *(op_phases or ("fwd", "bwd"))),
         "source": source,
         "dtypes": spec.dtypes,
         "torch_dtypes": tuple(TORCH_DTYPES[d] for d in spec.dtypes),

@@ -99,7 +99,34 @@ def _module_kind(name: str) -> str | None:
     return "installed" if found else None
 
 
+# torch.library namespaces that torch and its libraries define or reserve: a package's ops there
+# would clash with theirs.
+RESERVED_NAMESPACES = frozenset({
+    "aten", "prim", "prims", "torch", "c10d", "higher_order", "inductor", "quantized", "mkldnn",
+    "onednn", "profiler", "cuda", "test", "debugprims",
+})
+
+
+def check_namespace(value: str) -> str:
+    # Custom ops are torch.ops.<namespace>.<name>_<phase>: one attribute name, shared by every
+    # package that vendors the same namespace.
+    if len(value) > MAX_NAME_LENGTH:
+        raise ValueError(f"must be at most {MAX_NAME_LENGTH} characters")
+    if not value.isidentifier() or not value.isascii() or value.startswith("_"):
+        raise ValueError("must be a Python identifier (letters, digits, underscores) that does "
+                         "not start with '_': the custom ops are torch.ops.<namespace>.<op>")
+    if value != value.lower():
+        raise ValueError("must be lower case")
+    if keyword.iskeyword(value):
+        raise ValueError("must not be a Python keyword")
+    if value in RESERVED_NAMESPACES:
+        raise ValueError("must not be a namespace of torch's own ops; choose one of your "
+                         "project's, e.g. its package name")
+    return value
+
+
 Identifier = Annotated[str, AfterValidator(check_identifier)]
+Namespace = Annotated[str, AfterValidator(check_namespace)]
 Block = Annotated[int, _power_of_two(16)]
 # A block's rows in a row-wise phase: one row a block is allowed.
 RowBlock = Annotated[int, _power_of_two(1)]
@@ -265,6 +292,9 @@ class SpecBase(StrictModel):
 
     name: Identifier
     family: str
+    # The torch.library namespace of the package's custom ops (torch.ops.<namespace>.<name>_fwd):
+    # a model repo that vendors packages gives them its own, so they never collide with another's.
+    namespace: Namespace = "opgen"
     dtypes: tuple[Dtype, ...] = ("float16", "bfloat16")
 
     @classmethod

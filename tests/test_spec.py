@@ -501,7 +501,7 @@ def test_bench_rules_are_shared_by_every_family(project, family):
         ("[test.tolerance.float16]\nrtol = 0.1\natol = 0.1\nbtol = 1\n",
          ("test.tolerance.float16.btol", "unknown key; allowed keys here: atol, rtol")),
         ('"tiling.fwd".block_m = 64\n', ('"tiling.fwd"', "unknown key; allowed keys here: "
-         "attention, bench, dtypes, family, grads, name, saved, test, tiling")),
+         "attention, bench, dtypes, family, grads, name, namespace, saved, test, tiling")),
         ('[tiling]\n"fwd.block_m" = 64\n', ('tiling."fwd.block_m"', "unknown key; allowed keys "
          "here: bwd, dsinks, fwd, postprocess, preprocess")),
     ],
@@ -633,6 +633,26 @@ def test_plan_names(project):
     p = plan(spec, SourceInfo("specs/ar.toml", "0" * 64, __version__))
     assert p.ops["bwd"] == "opgen::attention_recompute_bwd"
     assert p.kernels["bwd"].factory == "attention_recompute_bwd"
+
+
+def test_plan_ops_take_the_spec_namespace(project):
+    spec = load(project, 'name = "x"\nfamily = "attention"\nnamespace = "mymodel"\n')
+    p = plan(spec, SourceInfo("specs/x.toml", "0" * 64, __version__))
+    assert p.ops == {"fwd": "mymodel::x_fwd", "bwd": "mymodel::x_bwd"}
+
+
+@pytest.mark.parametrize("namespace, fragment", [
+    ("My", "must be lower case"),
+    ("my-ops", "must be a Python identifier"),
+    ("_private", "not start with '_'"),
+    ("aten", "namespace of torch's own ops"),
+    ("class", "keyword"),
+    ("n" * 65, "at most 64"),
+])
+def test_bad_namespace(project, namespace, fragment):
+    with pytest.raises(SpecError) as info:
+        load(project, f'name = "x"\nfamily = "attention"\nnamespace = "{namespace}"\n')
+    assert f"namespace: " in str(info.value) and fragment in str(info.value), str(info.value)
 
 
 def test_plan_grads(project):
