@@ -143,7 +143,7 @@ def test_unknown_top_level_key_is_rejected_with_the_allowed_keys(project):
         (
             "colour",
             "unknown key; allowed keys here: attention, bench, dtypes, family, grads, name, "
-            "saved, test, tiling",
+            "namespace, saved, test, tiling",
         ),
     ]
 
