@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel
 
+from opgen import TILELANG_VERSION
 from opgen.errors import OpgenError, SpecError
 from opgen.spec import BenchSection, ReductionKind, Tolerance
 
@@ -95,6 +96,7 @@ class SourceInfo:
     spec_path: str
     spec_sha256: str  # of the validated spec (opgen.spec.spec_digest), not of the file's bytes
     opgen_version: str
+    tilelang_version: str = TILELANG_VERSION  # the TileLang the package is generated for
 
     @property
     def short_hash(self) -> str:
