@@ -319,11 +319,13 @@ def family_spec(family: str, rules: tuple[Rule, ...], *, tiling: dict[str, BaseM
 
 @dataclass(frozen=True)
 class SpecSource:
-    """Where a spec came from: the path as the user names it (posix, relative) and its hash."""
+    """Where a spec came from: the path as the user names it (posix, relative), the hash of its
+    bytes, its text as it is (a package carries it as spec.toml) and its data."""
 
     path: str
     sha256: str
     data: dict[str, Any]
+    text: str = ""
 
 
 def spec_digest(spec: BaseModel) -> str:
@@ -350,7 +352,8 @@ def read_spec(path: Path) -> SpecSource:
         raise SpecError(shown, [("", f"invalid TOML: {exc}")]) from None
     except RecursionError:
         raise SpecError(shown, [("", "invalid TOML: arrays or tables nested too deeply")]) from None
-    return SpecSource(shown, hashlib.sha256(raw).hexdigest(), data)
+    # The text byte for byte (a byte order mark kept) once encoded as UTF-8 again.
+    return SpecSource(shown, hashlib.sha256(raw).hexdigest(), data, raw.decode("utf-8"))
 
 
 TOO_LARGE = f"too large for a spec (over {MAX_SPEC_BYTES >> 20} MiB)"

@@ -172,6 +172,7 @@ def test_expected_files(rendered, spec, golden):
             "reference.py",
             f"test_{op}.py",
             f"bench_{op}.py",
+            "spec.toml",
             MANIFEST,
         ]
     )
@@ -185,7 +186,7 @@ def test_headers(repo_root, rendered, spec, golden):
         f"(sha256:{digest[:16]}). DO NOT EDIT.\n"
     )
     for name, text in rendered[spec].items():
-        if name == MANIFEST:
+        if name in (MANIFEST, "spec.toml"):
             continue
         assert text.startswith(header), f"{name}: {text.splitlines()[0]!r}"
 

@@ -364,3 +364,19 @@ def test_a_header_only_change_of_kernels_keeps_the_compile_record(built, cli, ve
     assert kernels.read_text() != code_before
     assert cli("check", "--require-compiled").exit_code == 0
 
+
+def test_write_into_any_output_root(tmp_path, project):
+    """Ownership, staging and the lock work the same in a directory outside the project."""
+    rmsnorm_spec(project)
+    out_root = tmp_path / "elsewhere" / "ops"
+    gen = generate(Path("specs/norm.toml"), out_root=out_root)
+    assert gen.out_dir == out_root / "norm"
+    assert write(gen, project).written == len(gen.files)
+    (out_root / ".norm.staging-abc").mkdir()  # left by a killed build
+    assert write(gen, project).written == 0
+    assert leftovers(out_root) == []
+    other = rmsnorm_spec(project, path="specs/other.toml")
+    with pytest.raises(output.OwnershipError):
+        write(generate(other, out_root=out_root), project)
+    assert read_tree(out_root / "norm")["spec.toml"] == (project / "specs/norm.toml").read_bytes()
+
