@@ -4,6 +4,7 @@ explain, test, bench)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from rich.table import Table
 from opgen import __version__
 from opgen.errors import CheckFailed, Interrupted, OpgenError, SpecError
 from opgen.families import FAMILIES, Family, family_names
-from opgen.render import Generated, environment, generate
+from opgen.render import OUT_ROOT, SPEC_FILE, Generated, environment, generate
 from opgen.spec import check_identifier, echo, path_for_display
 
 if TYPE_CHECKING:  # imported where used: `opgen check` and `--no-compile` builds need neither
@@ -76,26 +77,43 @@ def _terminate_as_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _spec_paths(specs: list[Path]) -> list[Path]:
+OUT_HELP = ("Output root: packages go to DIR/<name>/ (default: generated/); a directory of "
+            "another repository too.")
+
+
+def _out_root(out: Optional[Path]) -> Path:
+    """The output root as shown in messages and recorded nowhere: relative where below the
+    working directory."""
+    if out is None:
+        return OUT_ROOT
+    if out.exists() and not out.is_dir():
+        raise OpgenError(f"--out: {path_for_display(out)} is not a directory")
+    return Path(path_for_display(out))
+
+
+def _spec_paths(specs: list[Path], out_root: Path = OUT_ROOT) -> list[Path]:
+    """The specs named, else specs/*.toml, else the packages' own copies (<out>/*/spec.toml):
+    where only vendored packages are at hand, they check and rebuild from those."""
     if specs:
         # The same file named twice (a glob and a path) is built once.
         unique: dict[Path, Path] = {}
         for path in specs:
             unique.setdefault(path.resolve(), path)
         return list(unique.values())
-    found = sorted(Path("specs").glob("*.toml"))
+    found = sorted(Path("specs").glob("*.toml")) or sorted(out_root.glob(f"*/{SPEC_FILE}"))
     if not found:
-        raise OpgenError("no spec given and none found in specs/*.toml; try `opgen new attention`")
+        raise OpgenError(f"no spec given and none found in specs/*.toml or "
+                         f"{out_root.as_posix()}/*/{SPEC_FILE}; try `opgen new attention`")
     return found
 
 
-def _generate_all(specs: list[Path]) -> list[Generated]:
+def _generate_all(specs: list[Path], out_root: Path = OUT_ROOT) -> list[Generated]:
     """Render every spec in memory; report the errors of all files at once."""
     env = environment()
     generated, problems = [], []
     for path in specs:
         try:
-            generated.append(generate(path, env))
+            generated.append(generate(path, env, out_root))
         except SpecError as exc:
             problems.append(str(exc))
     owners: dict[str, str] = {}
@@ -182,13 +200,16 @@ def build(
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Compile processes (default: CPUs)."),
     force: bool = typer.Option(False, "--force", help="Replace a package even if another spec (or "
                                "no spec) wrote it."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help=OUT_HELP),
 ) -> None:
-    """Validate specs, render generated/<name>/, format with black, compile-check every kernel."""
+    """Validate specs, render generated/<name>/ (or DIR/<name>/), format with black,
+    compile-check every kernel."""
     from opgen.output import ownership_problem, write
 
     with user_errors():
         started = time.perf_counter()
-        generated = _generate_all(_spec_paths(specs or []))
+        out_root = _out_root(out_dir)
+        generated = _generate_all(_spec_paths(specs or [], out_root), out_root)
         if not force:
             # Checked before the compile check so the refusal is immediate; write() checks again
             # under the output lock.
@@ -395,14 +416,17 @@ def check(
         False, "--require-compiled",
         help="Also fail when a package was built with --no-compile (its kernels never compiled).",
     ),
+    out_dir: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help=OUT_HELP),
 ) -> None:
-    """Exit 1 when generated/ is out of step with specs/ (stale, hand-edited, missing, extra,
-    corrupt manifest, leftovers of an interrupted build)."""
+    """Exit 1 when generated/ (or DIR) is out of step with specs/ (stale, hand-edited, missing,
+    extra, corrupt manifest, leftovers of an interrupted build). Without specs/ it checks each
+    package against its own spec.toml."""
     from opgen.output import diff, project_drifts
 
     with user_errors():
-        paths = _spec_paths(specs or [])
-        generated = _generate_all(paths)
+        out_root = _out_root(out_dir)
+        paths = _spec_paths(specs or [], out_root)
+        generated = _generate_all(paths, out_root)
         problems = []
         for gen in generated:
             for drift in diff(gen, Path.cwd(), require_compiled=require_compiled):
@@ -412,12 +436,14 @@ def check(
         if not specs:
             # Checking the whole project: whatever in generated/ no spec builds is reported too.
             known = {gen.name for gen in generated}
-            problems += [drift.message() for drift in project_drifts(Path.cwd(), known)]
+            problems += [drift.message()
+                         for drift in project_drifts(Path.cwd(), known, out_root)]
+        where = f"{out_root.as_posix()}/"
         if problems:
             out.print("\n".join(problems), markup=False)
-            raise CheckFailed("generated/ is out of step with the specs; run `opgen build` "
+            raise CheckFailed(f"{where} is out of step with the specs; run `opgen build` "
                               "(hand edits belong in the spec or in opgen's templates)")
-        out.print(f"generated/ matches {len(generated)} spec(s)")
+        out.print(f"{where} matches {len(generated)} spec(s)")
 
 
 @app.command()
@@ -473,24 +499,36 @@ def _parse_shape(text: str, keys: tuple[str, ...], required: tuple[str, ...]) ->
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def test(ctx: typer.Context, name: str = typer.Argument(..., help="Operator name.")) -> None:
+def test(ctx: typer.Context, name: str = typer.Argument(..., help="Operator name."),
+         out_dir: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help=OUT_HELP)
+         ) -> None:
     """Run the generated tests of generated/<name>/ (needs a CUDA GPU). Extra args go to pytest."""
     with user_errors():
-        package = _package(name)
+        package = _package(name, _out_root(out_dir))
+        # pytest imports the test module as <name>.test_<name> (or under the packages above it
+        # when DIR is itself a package), with the first directory above it that is no package on
+        # sys.path: its relative imports work wherever DIR is.
         cmd = [sys.executable, "-m", "pytest", str(package), *ctx.args]
         raise typer.Exit(subprocess.call(cmd))
 
 
 @app.command()
-def bench(name: str = typer.Argument(..., help="Operator name.")) -> None:
+def bench(name: str = typer.Argument(..., help="Operator name."),
+          out_dir: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help=OUT_HELP)
+         ) -> None:
     """Run the generated benchmark of generated/<name>/ (needs a CUDA GPU)."""
     with user_errors():
-        _package(name)
-        raise typer.Exit(subprocess.call([sys.executable, "-m", f"generated.{name}.bench_{name}"]))
+        package = _package(name, _out_root(out_dir))
+        # `python -m <name>.bench_<name>` with DIR first on the path: the package imports itself
+        # by its own name, whatever DIR is.
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(package.parent.resolve()), *([path] if path else [])])}
+        raise typer.Exit(subprocess.call([sys.executable, "-m", f"{name}.bench_{name}"], env=env))
 
 
-def _package(name: str) -> Path:
-    package = Path("generated") / name
+def _package(name: str, out_root: Path = OUT_ROOT) -> Path:
+    package = out_root / name
     if not (package / "__init__.py").is_file():
-        raise OpgenError(f"generated/{name}/ does not exist; run `opgen build` first")
+        raise OpgenError(f"{package.as_posix()}/ does not exist; run `opgen build` first")
     return package

@@ -4,9 +4,11 @@ What a write guarantees:
 - Ownership: a package is replaced only by the spec its manifest names (or with force), and a
   directory opgen did not write is never replaced without force.
 - Interrupt safety: the new tree is built in a staging directory beside the package and swapped in
-  with one atomic exchange of the two directories, so at every instant `generated/<name>/` is the
-  whole old package or the whole new one. Entries `generated/.<name>.*` a killed build leaves
+  with one atomic exchange of the two directories, so at every instant `<out>/<name>/` is the
+  whole old package or the whole new one. Entries `<out>/.<name>.*` a killed build leaves
   behind are removed by the next write of that package and reported by `check`.
+The output root (`generated/`, or any directory `--out` names, in this repository or another) is
+only ever touched in these entries and in the lock on the directory itself.
 - Concurrency: writers of one output directory take an exclusive lock on it (readers a shared one),
   so two builds at once run their swaps one after the other.
 """
@@ -29,18 +31,18 @@ from typing import Iterator
 
 from opgen.errors import OpgenError
 from opgen.manifest import MANIFEST, Manifest, ManifestError, parse_manifest, sha256
-from opgen.render import Generated
+from opgen.render import OUT_ROOT, SPEC_FILE, Generated, without_header
 
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks; concurrent builds are not serialized there
     fcntl = None
 
-OUT_ROOT = Path("generated")
 # Never part of a package, never reported: caches that running the generated tests creates.
 IGNORED = {"__pycache__", ".pytest_cache"}
-# Files of the output root a repository may keep beside the packages.
-ROOT_FILES_ALLOWED = {".gitignore", ".gitattributes"}
+# Files of the output root a repository may keep beside the packages (__init__.py: a model repo
+# that vendors packages into a directory of its own package).
+ROOT_FILES_ALLOWED = {".gitignore", ".gitattributes", "__init__.py"}
 
 
 class OwnershipError(OpgenError):
@@ -55,13 +57,13 @@ class WriteResult:
 
 def write(gen: Generated, root: Path, *, compile_checked: bool = False,
           compiled_with: dict[str, str] | None = None, force: bool = False) -> WriteResult:
-    """Make root/generated/<name>/ hold exactly gen.files.
+    """Make root/<gen.out_root>/<name>/ hold exactly gen.files.
 
     compile_checked: the kernels of gen passed the compile check in this build, with the toolchain
     compiled_with. Without it the manifest keeps an earlier build's check when kernels.py is
     unchanged. Unchanged files are not touched (their mtimes stay).
     """
-    out_root = root / OUT_ROOT
+    out_root = root / gen.out_root
     out_root.mkdir(parents=True, exist_ok=True)
     target = root / gen.out_dir
     with _locked(out_root, exclusive=True):
@@ -128,12 +130,15 @@ def _owner_problem(gen: Generated, target: Path, current: dict[str, bytes]) -> s
 
 
 def _earlier_compile_check(current: dict[str, bytes], gen: Generated) -> Manifest | None:
-    """The manifest of an earlier build whose compile check still holds: kernels.py byte for byte
-    the same."""
+    """The manifest of an earlier build whose compile check still holds: the code of kernels.py
+    the same (its header, which names the spec and its hash, is no part of what compiled; the
+    compile cache ignores it too), and kernels.py as that build wrote it (no hand edit)."""
     manifest = _parse_or_none(current.get(MANIFEST))
     kernels = gen.files.get("kernels.py")
-    if (manifest and manifest.compile_checked and kernels is not None
-            and current.get("kernels.py") == kernels.encode("utf-8")):
+    on_disk = current.get("kernels.py")
+    if (manifest and manifest.compile_checked and kernels is not None and on_disk is not None
+            and manifest.files.get("kernels.py") == sha256(on_disk)
+            and without_header(on_disk.decode("utf-8", "replace")) == without_header(kernels)):
         return manifest
     return None
 
@@ -315,12 +320,12 @@ DRIFT_REASONS = {
 
 def diff(gen: Generated, root: Path, max_lines: int = 20,
          require_compiled: bool = False) -> list[Drift]:
-    """How root/generated/<name>/ differs from what the spec renders to, file by file."""
-    out_root = root / OUT_ROOT
+    """How root/<gen.out_root>/<name>/ differs from what the spec renders to, file by file."""
+    out_root = root / gen.out_root
     with _locked(out_root, exclusive=False):
         on_disk = read_tree(root / gen.out_dir)
         found_leftovers = leftovers(out_root, gen.name)
-    drifts = [Drift((OUT_ROOT / p.name).as_posix(), "leftover") for p in found_leftovers]
+    drifts = [Drift((gen.out_root / p.name).as_posix(), "leftover") for p in found_leftovers]
     manifest = None
     if MANIFEST in on_disk:
         try:
@@ -350,6 +355,15 @@ def diff(gen: Generated, root: Path, max_lines: int = 20,
             drifts.append(Drift(shown, "hand-edited" if edited else "stale",
                                 _short_diff(shown, gen.spec_path, on_disk[name], expected[name],
                                             max_lines)))
+    copy = on_disk.get(SPEC_FILE)
+    if (copy is not None and copy == expected.get(SPEC_FILE) and SPEC_FILE in recorded
+            and recorded[SPEC_FILE] != sha256(copy)):
+        # Checked from the package's own spec.toml: it renders to itself, but is not the spec the
+        # package was built from (the manifest has that one's hash).
+        drifts.append(Drift((gen.out_dir / SPEC_FILE).as_posix(), "hand-edited", detail=(
+            "differs from the spec the package was built from; rebuild the package from it "
+            f"(`opgen build {(gen.out_dir / SPEC_FILE).as_posix()} --out "
+            f"{gen.out_root.as_posix()}`) or undo the edit")))
     if require_compiled and manifest and not manifest.compile_checked:
         drifts.append(Drift(f"{gen.out_dir.as_posix()}/", "not compile-checked"))
     return drifts
@@ -369,10 +383,12 @@ def _short_diff(shown: str, spec_path: str, old: bytes, new: bytes, max_lines: i
     return "\n".join(lines)
 
 
-def project_drifts(root: Path, known: set[str]) -> list[Drift]:
-    """Everything in generated/ that no spec of the project accounts for: packages whose spec is
-    gone, directories opgen did not write, stray files, leftovers of interrupted builds."""
-    out_root = root / OUT_ROOT
+def project_drifts(root: Path, known: set[str], shown_root: Path = OUT_ROOT) -> list[Drift]:
+    """Everything in the output root (shown_root, below root) that no spec checked accounts for:
+    packages whose spec is gone, directories opgen did not write, stray files, leftovers of
+    interrupted builds."""
+    out_root = root / shown_root
+    where = f"{shown_root.as_posix()}/"
     if not out_root.is_dir():
         return []
     with _locked(out_root, exclusive=False):
@@ -380,20 +396,20 @@ def project_drifts(root: Path, known: set[str]) -> list[Drift]:
         found_leftovers = set(leftovers(out_root))
     drifts = []
     for path in entries:
-        shown = (OUT_ROOT / path.name).as_posix()
+        shown = (shown_root / path.name).as_posix()
         if path.name in IGNORED or path.name in ROOT_FILES_ALLOWED:
             continue
         if path in found_leftovers:
             if path.name.split(".")[1] not in known:  # known packages report their own
                 drifts.append(Drift(shown, "leftover"))
         elif not path.is_dir():
-            drifts.append(Drift(shown, "extra", detail="a stray file: generated/ holds only "
+            drifts.append(Drift(shown, "extra", detail=f"a stray file: {where} holds only "
                                 "packages; move it elsewhere"))
         elif path.name not in known:
             if (path / MANIFEST).is_file():
-                why = "no spec in specs/ builds it; delete it or restore its spec"
+                why = "no spec checked builds it; delete it or restore its spec"
             else:
-                why = (f"not written by opgen (no {MANIFEST}); generated/ holds only generated "
+                why = (f"not written by opgen (no {MANIFEST}); {where} holds only generated "
                        "packages: move it elsewhere")
             drifts.append(Drift(f"{shown}/", "extra", detail=why))
     return drifts

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel
 
+from opgen import TILELANG_VERSION
 from opgen.errors import OpgenError, SpecError
 from opgen.spec import BenchSection, ReductionKind, Tolerance
 
@@ -20,13 +21,10 @@ SM90_SMEM_LIMIT = 227 * 1024
 
 TORCH_DTYPES = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float32": "torch.float32"}
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-# The torch.library namespace of every generated custom op: torch.ops.opgen.<name>_<phase>.
-OP_NAMESPACE = "opgen"
-
-
-def custom_op_names(name: str, *phases: str) -> dict[str, str]:
-    """The qualified torch.library names of a package's custom ops, by phase ("opgen::x_fwd")."""
-    return {phase: f"{OP_NAMESPACE}::{name}_{phase}" for phase in phases}
+def custom_op_names(namespace: str, name: str, *phases: str) -> dict[str, str]:
+    """The qualified torch.library names of a package's custom ops, by phase ("opgen::x_fwd":
+    torch.ops.opgen.x_fwd); the namespace is the spec's."""
+    return {phase: f"{namespace}::{name}_{phase}" for phase in phases}
 
 
 def ceildiv(a: int, b: int) -> int:
@@ -96,8 +94,9 @@ class SourceInfo:
     """What the header of every generated file records."""
 
     spec_path: str
-    spec_sha256: str
+    spec_sha256: str  # of the validated spec (opgen.spec.spec_digest), not of the file's bytes
     opgen_version: str
+    tilelang_version: str = TILELANG_VERSION  # the TileLang the package is generated for
 
     @property
     def short_hash(self) -> str:
@@ -184,7 +183,7 @@ def base_fields(spec: Any, source: SourceInfo, *op_phases: str) -> dict[str, Any
     return {
         "family": spec.family,
         "name": spec.name,
-        "ops": custom_op_names(spec.name, *(op_phases or ("fwd", "bwd"))),
+        "ops": custom_op_names(spec.namespace, spec.name, *(op_phases or ("fwd", "bwd"))),
         "source": source,
         "dtypes": spec.dtypes,
         "torch_dtypes": tuple(TORCH_DTYPES[d] for d in spec.dtypes),

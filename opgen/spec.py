@@ -99,7 +99,34 @@ def _module_kind(name: str) -> str | None:
     return "installed" if found else None
 
 
+# torch.library namespaces that torch and its libraries define or reserve: a package's ops there
+# would clash with theirs.
+RESERVED_NAMESPACES = frozenset({
+    "aten", "prim", "prims", "torch", "c10d", "higher_order", "inductor", "quantized", "mkldnn",
+    "onednn", "profiler", "cuda", "test", "debugprims",
+})
+
+
+def check_namespace(value: str) -> str:
+    # Custom ops are torch.ops.<namespace>.<name>_<phase>: one attribute name, shared by every
+    # package that vendors the same namespace.
+    if len(value) > MAX_NAME_LENGTH:
+        raise ValueError(f"must be at most {MAX_NAME_LENGTH} characters")
+    if not value.isidentifier() or not value.isascii() or value.startswith("_"):
+        raise ValueError("must be a Python identifier (letters, digits, underscores) that does "
+                         "not start with '_': the custom ops are torch.ops.<namespace>.<op>")
+    if value != value.lower():
+        raise ValueError("must be lower case")
+    if keyword.iskeyword(value):
+        raise ValueError("must not be a Python keyword")
+    if value in RESERVED_NAMESPACES:
+        raise ValueError("must not be a namespace of torch's own ops; choose one of your "
+                         "project's, e.g. its package name")
+    return value
+
+
 Identifier = Annotated[str, AfterValidator(check_identifier)]
+Namespace = Annotated[str, AfterValidator(check_namespace)]
 Block = Annotated[int, _power_of_two(16)]
 # A block's rows in a row-wise phase: one row a block is allowed.
 RowBlock = Annotated[int, _power_of_two(1)]
@@ -265,6 +292,9 @@ class SpecBase(StrictModel):
 
     name: Identifier
     family: str
+    # The torch.library namespace of the package's custom ops (torch.ops.<namespace>.<name>_fwd):
+    # a model repo that vendors packages gives them its own, so they never collide with another's.
+    namespace: Namespace = "opgen"
     dtypes: tuple[Dtype, ...] = ("float16", "bfloat16")
 
     @classmethod
@@ -289,11 +319,21 @@ def family_spec(family: str, rules: tuple[Rule, ...], *, tiling: dict[str, BaseM
 
 @dataclass(frozen=True)
 class SpecSource:
-    """Where a spec came from: the path as the user names it (posix, relative) and its hash."""
+    """Where a spec came from: the path as the user names it (posix, relative), the hash of its
+    bytes, its text as it is (a package carries it as spec.toml) and its data."""
 
     path: str
     sha256: str
     data: dict[str, Any]
+    text: str = ""
+
+
+def spec_digest(spec: BaseModel) -> str:
+    """The sha256 of the validated spec (every key, defaults filled in, sorted): what generated
+    files are stale against. A comment, whitespace or key-order edit of the file leaves it as it
+    is; so does spelling out a default."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def read_spec(path: Path) -> SpecSource:
@@ -312,7 +352,8 @@ def read_spec(path: Path) -> SpecSource:
         raise SpecError(shown, [("", f"invalid TOML: {exc}")]) from None
     except RecursionError:
         raise SpecError(shown, [("", "invalid TOML: arrays or tables nested too deeply")]) from None
-    return SpecSource(shown, hashlib.sha256(raw).hexdigest(), data)
+    # The text byte for byte (a byte order mark kept) once encoded as UTF-8 again.
+    return SpecSource(shown, hashlib.sha256(raw).hexdigest(), data, raw.decode("utf-8"))
 
 
 TOO_LARGE = f"too large for a spec (over {MAX_SPEC_BYTES >> 20} MiB)"

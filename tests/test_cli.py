@@ -12,12 +12,15 @@ from typer.testing import CliRunner
 
 from conftest import CLI_ENV, REPO_ROOT
 
+from opgen.manifest import parse_manifest
+
 PACKAGE_FILES = [
     "__init__.py",
     "autograd.py",
     "bench_{name}.py",
     "kernels.py",
     "opgen-manifest.json",
+    "spec.toml",
     "reference.py",
     "test_{name}.py",
 ]
@@ -203,7 +206,7 @@ def test_build_writes_the_packages(project, cli):
         assert tree(project / "generated" / name) == package_files(name)
         assert build_row(result.stdout, f"specs/{name}.toml") == [
             f"specs/{name}.toml",
-            "7",
+            "8",
             "0",
             "-",
             "-",
@@ -218,7 +221,7 @@ def test_build_twice_changes_nothing(foo, cli):
     contents = {p.name: p.read_bytes() for p in package.iterdir()}
     result = cli("build", "--no-compile", "specs/foo.toml")
     assert result.exit_code == 0, result.output
-    assert build_row(result.stdout, "specs/foo.toml") == ["specs/foo.toml", "0", "7", "-", "-", "-"]
+    assert build_row(result.stdout, "specs/foo.toml") == ["specs/foo.toml", "0", "8", "-", "-", "-"]
     assert mtimes(package) == before
     assert {p.name: p.read_bytes() for p in package.iterdir()} == contents
     assert sorted(p.name for p in (foo / "generated").iterdir()) == ["foo"], "no staging dirs left"
@@ -230,7 +233,7 @@ def test_rebuild_writes_only_what_changed(foo, cli):
     before = mtimes(package)
     result = cli("build", "--no-compile")
     assert result.exit_code == 0, result.output
-    assert build_row(result.stdout, "specs/foo.toml") == ["specs/foo.toml", "1", "6", "-", "-", "-"]
+    assert build_row(result.stdout, "specs/foo.toml") == ["specs/foo.toml", "1", "7", "-", "-", "-"]
     after = mtimes(package)
     assert sorted(name for name in after if after[name] != before[name]) == ["reference.py"]
     assert sorted(p.name for p in (foo / "generated").iterdir()) == ["foo"], "no staging dirs left"
@@ -241,7 +244,7 @@ def test_spec_change_rewrites_every_header(foo, cli):
     edit_fwd_block_n(foo / "specs/foo.toml")
     result = cli("build", "--no-compile")
     assert result.exit_code == 0, result.output
-    assert build_row(result.stdout, "specs/foo.toml") == ["specs/foo.toml", "7", "0", "-", "-", "-"]
+    assert build_row(result.stdout, "specs/foo.toml") == ["specs/foo.toml", "8", "0", "-", "-", "-"]
     kernels = (foo / "generated/foo/kernels.py").read_text()
     assert re.search(r'^FWD_TILING = \{[^}]*"block_n": 32\b', kernels, re.MULTILINE)
 
@@ -303,6 +306,30 @@ def test_check_stale_after_spec_edit(foo, cli):
     assert "out of step" in result.stderr
     assert cli("build", "--no-compile").exit_code == 0
     assert check(cli).exit_code == 0
+
+
+def test_comment_and_whitespace_edits_leave_the_package_as_it_is(foo, cli):
+    """Headers and the manifest hash the validated spec, not the file: a comment, blank lines or
+    indentation change no generated file; only the package's copy of the spec follows."""
+    spec = foo / "specs/foo.toml"
+    package = foo / "generated/foo"
+    before = {p.name: p.read_bytes() for p in package.iterdir()}
+    text = spec.read_text()
+    spec.write_text("# a new comment\n\n" + text.replace("\n[", "\n\n  [") + "\n# the end\n")
+    result = check(cli)
+    assert result.exit_code == 1
+    assert sorted(re.findall(r"^(\S+): stale", result.stdout, re.MULTILINE)) == [
+        "generated/foo/opgen-manifest.json", "generated/foo/spec.toml"]
+    result = cli("build", "--no-compile")
+    assert result.exit_code == 0, result.output
+    after = {p.name: p.read_bytes() for p in package.iterdir()}
+    assert after["spec.toml"] == spec.read_bytes()
+    assert sorted(n for n in after if after[n] != before[n]) == ["opgen-manifest.json", "spec.toml"]
+    assert parse_manifest(after["opgen-manifest.json"]).spec_sha256 == parse_manifest(
+        before["opgen-manifest.json"]).spec_sha256
+    assert check(cli).exit_code == 0
+    edit_fwd_block_n(spec)
+    assert check(cli).exit_code == 1
 
 
 def test_check_hand_edited(foo, cli):
@@ -425,6 +452,81 @@ def test_explain_rejects_impossible_shapes(foo, cli, shape):
     assert result.exit_code == 2, result.output
 
 
+# --- vendoring: --out, the package's own spec.toml --------------------------------------------------
+
+
+def vendored(foo, cli) -> Path:
+    """foo built into vendor/ops/ (a directory of another repository, say) and specs/ gone: only
+    the package is at hand."""
+    result = cli("build", "--no-compile", "specs/foo.toml", "--out", "vendor/ops")
+    assert result.exit_code == 0, result.output
+    shutil.rmtree(foo / "specs")
+    shutil.rmtree(foo / "generated")
+    return foo / "vendor/ops/foo"
+
+
+def test_build_out_writes_dir_name(foo, cli):
+    spec = (foo / "specs/foo.toml").read_bytes()
+    package = vendored(foo, cli)
+    assert tree(package) == package_files("foo")
+    assert (package / "spec.toml").read_bytes() == spec
+    header = (package / "kernels.py").read_text().splitlines()[0]
+    assert " from specs/foo.toml (sha256:" in header
+    assert parse_manifest((package / "opgen-manifest.json").read_bytes()).spec == "specs/foo.toml"
+    result = check(cli, "--out", "vendor/ops")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "vendor/ops/ matches 1 spec(s)\n"
+
+
+def test_rebuild_from_the_package_spec_is_byte_for_byte(foo, cli):
+    """A package rebuilt from its own spec.toml is the package: same headers, same manifest (it
+    still names the spec it was first built from), and its owner does not refuse the build."""
+    package = vendored(foo, cli)
+    before = {p.name: p.read_bytes() for p in package.iterdir()}
+    result = cli("build", "--no-compile", "vendor/ops/foo/spec.toml", "--out", "vendor/ops")
+    assert result.exit_code == 0, result.output
+    assert build_row(result.stdout, "specs/foo.toml")[1:3] == ["0", "8"]
+    assert {p.name: p.read_bytes() for p in package.iterdir()} == before
+    edit_fwd_block_n(package / "spec.toml")  # an edit of the copy, rebuilt from the copy
+    result = cli("build", "--no-compile", "vendor/ops/foo/spec.toml", "--out", "vendor/ops")
+    assert result.exit_code == 0, result.output
+    assert "block_n" in (package / "kernels.py").read_text()
+    assert check(cli, "--out", "vendor/ops").exit_code == 0
+    # Any other path is another spec: the package is not its to replace.
+    shutil.copy(package / "spec.toml", foo / "copy.toml")
+    result = cli("build", "--no-compile", "copy.toml", "--out", "vendor/ops")
+    assert result.exit_code == 2
+    assert "vendor/ops/foo/ was built from specs/foo.toml" in result.stderr
+
+
+def test_check_reports_a_package_spec_that_is_not_the_one_it_was_built_from(foo, cli):
+    package = vendored(foo, cli)
+    with (package / "spec.toml").open("a") as file:
+        file.write("# edited\n")
+    result = check(cli, "--out", "vendor/ops")
+    assert result.exit_code == 1
+    assert ("vendor/ops/foo/spec.toml: hand-edited (differs from the spec the package was built "
+            "from; rebuild the package from it (`opgen build vendor/ops/foo/spec.toml --out "
+            "vendor/ops`) or undo the edit)") in result.stdout
+
+
+def test_check_against_the_spec_reports_the_package_spec(foo, cli):
+    assert cli("build", "--no-compile", "--out", "vendor").exit_code == 0
+    with (foo / "specs/foo.toml").open("a") as file:
+        file.write("# a comment\n")
+    result = check(cli, "--out", "vendor")
+    assert result.exit_code == 1
+    assert "vendor/foo/spec.toml: stale" in result.stdout
+    assert "vendor/foo/kernels.py" not in result.stdout
+
+
+def test_out_that_is_a_file(foo, cli):
+    (foo / "afile").write_text("")
+    result = cli("build", "--no-compile", "--out", "afile")
+    assert result.exit_code == 2
+    assert "--out: afile is not a directory" in result.stderr
+
+
 # --- test, bench ----------------------------------------------------------------------------------
 
 
@@ -444,11 +546,30 @@ def test_generated_tests_skip_without_cuda(foo, run_opgen):
     assert "needs a CUDA GPU" in result.stdout
 
 
+def test_generated_tests_of_a_vendored_package_skip_without_cuda(foo, cli, run_opgen):
+    """`opgen test NAME --out DIR` runs DIR/NAME's tests, DIR anywhere (here inside a package)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present: the generated tests would really run")
+    vendored(foo, cli)
+    for init in ("vendor/__init__.py", "vendor/ops/__init__.py"):
+        (foo / init).write_text("")
+    result = run_opgen("test", "foo", "--out", "vendor/ops", "-q", "-rs", "-p", "no:cacheprovider",
+                       cwd=foo)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " skipped" in result.stdout and "needs a CUDA GPU" in result.stdout
+    assert check(cli, "--out", "vendor/ops").exit_code == 0, "__init__.py of DIR is allowed"
+
+
 @pytest.mark.parametrize("command", ["test", "bench"])
 def test_run_commands_need_a_built_package(project, cli, command):
     result = cli(command, "nope")
     assert result.exit_code == 2
     assert "generated/nope/ does not exist; run `opgen build` first" in result.stderr
+    result = cli(command, "nope", "--out", "vendor")
+    assert result.exit_code == 2
+    assert "vendor/nope/ does not exist; run `opgen build` first" in result.stderr
 
 
 def test_compile_failure_message_groups_variants_and_hints_at_layout_conflicts():

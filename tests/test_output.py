@@ -20,7 +20,7 @@ from conftest import REPO_ROOT
 from opgen import output
 from opgen.manifest import MANIFEST, parse_manifest
 from opgen.output import leftovers, read_tree, write
-from opgen.render import generate
+from opgen.render import generate, without_header
 
 
 def retile(spec: Path) -> None:
@@ -348,3 +348,35 @@ def test_check_require_compiled(built, cli, versions):
     assert cli("build", "--no-compile").exit_code == 0
     assert cli("check").exit_code == 0
     assert cli("check", "--require-compiled").exit_code == 1
+
+
+def test_a_header_only_change_of_kernels_keeps_the_compile_record(built, cli, versions):
+    """A spec edit that changes only the headers (the spec hash) keeps kernels.py's code: a
+    --no-compile build keeps the record of its compile check, as the compile cache would."""
+    write(generate(Path("specs/norm.toml")), built, compile_checked=True)
+    kernels = built / "generated/norm/kernels.py"
+    code_before = without_header(kernels.read_text())
+    spec = built / "specs/norm.toml"
+    assert "warmup_ms = 25" in spec.read_text()
+    spec.write_text(spec.read_text().replace("warmup_ms = 25", "warmup_ms = 7"))
+    assert cli("build", "--no-compile").exit_code == 0
+    assert without_header(kernels.read_text()) == code_before
+    assert kernels.read_text() != code_before
+    assert cli("check", "--require-compiled").exit_code == 0
+
+
+def test_write_into_any_output_root(tmp_path, project):
+    """Ownership, staging and the lock work the same in a directory outside the project."""
+    rmsnorm_spec(project)
+    out_root = tmp_path / "elsewhere" / "ops"
+    gen = generate(Path("specs/norm.toml"), out_root=out_root)
+    assert gen.out_dir == out_root / "norm"
+    assert write(gen, project).written == len(gen.files)
+    (out_root / ".norm.staging-abc").mkdir()  # left by a killed build
+    assert write(gen, project).written == 0
+    assert leftovers(out_root) == []
+    other = rmsnorm_spec(project, path="specs/other.toml")
+    with pytest.raises(output.OwnershipError):
+        write(generate(other, out_root=out_root), project)
+    assert read_tree(out_root / "norm")["spec.toml"] == (project / "specs/norm.toml").read_bytes()
+

@@ -28,6 +28,7 @@ from opgen.spec import (
     echo,
     field_path,
     read_spec,
+    spec_digest,
     validate,
 )
 
@@ -142,7 +143,7 @@ def test_unknown_top_level_key_is_rejected_with_the_allowed_keys(project):
         (
             "colour",
             "unknown key; allowed keys here: attention, bench, dtypes, family, grads, name, "
-            "saved, test, tiling",
+            "namespace, saved, test, tiling",
         ),
     ]
 
@@ -500,7 +501,7 @@ def test_bench_rules_are_shared_by_every_family(project, family):
         ("[test.tolerance.float16]\nrtol = 0.1\natol = 0.1\nbtol = 1\n",
          ("test.tolerance.float16.btol", "unknown key; allowed keys here: atol, rtol")),
         ('"tiling.fwd".block_m = 64\n', ('"tiling.fwd"', "unknown key; allowed keys here: "
-         "attention, bench, dtypes, family, grads, name, saved, test, tiling")),
+         "attention, bench, dtypes, family, grads, name, namespace, saved, test, tiling")),
         ('[tiling]\n"fwd.block_m" = 64\n', ('tiling."fwd.block_m"', "unknown key; allowed keys "
          "here: bwd, dsinks, fwd, postprocess, preprocess")),
     ],
@@ -634,6 +635,26 @@ def test_plan_names(project):
     assert p.kernels["bwd"].factory == "attention_recompute_bwd"
 
 
+def test_plan_ops_take_the_spec_namespace(project):
+    spec = load(project, 'name = "x"\nfamily = "attention"\nnamespace = "mymodel"\n')
+    p = plan(spec, SourceInfo("specs/x.toml", "0" * 64, __version__))
+    assert p.ops == {"fwd": "mymodel::x_fwd", "bwd": "mymodel::x_bwd"}
+
+
+@pytest.mark.parametrize("namespace, fragment", [
+    ("My", "must be lower case"),
+    ("my-ops", "must be a Python identifier"),
+    ("_private", "not start with '_'"),
+    ("aten", "namespace of torch's own ops"),
+    ("class", "keyword"),
+    ("n" * 65, "at most 64"),
+])
+def test_bad_namespace(project, namespace, fragment):
+    with pytest.raises(SpecError) as info:
+        load(project, f'name = "x"\nfamily = "attention"\nnamespace = "{namespace}"\n')
+    assert f"namespace: " in str(info.value) and fragment in str(info.value), str(info.value)
+
+
 def test_plan_grads(project):
     p = plan_of(project)
     by_grad = {g.grad: g for g in p.grads}
@@ -761,7 +782,8 @@ def test_load_plan_records_the_source(project):
     assert family is attention.FAMILY
     assert p.source.spec_path == "specs/x.toml"
     assert p.source.opgen_version == __version__
-    assert p.source.spec_sha256 == hashlib.sha256(MINIMAL.encode()).hexdigest()
+    assert p.source.spec_sha256 == spec_digest(validate(Spec, read_spec(path)))
+    assert p.source.spec_sha256 != hashlib.sha256(MINIMAL.encode()).hexdigest()
     assert p.source.short_hash == p.source.spec_sha256[:16]
 
 
