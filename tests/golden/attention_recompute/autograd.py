@@ -47,9 +47,14 @@ ALLOC = {
 KERNELS = {}
 
 
+def kernel_key(factory, args, tiling):
+    """KERNELS' key of factory(*args, **tiling)."""
+    return id(factory), args, tuple(tiling.values())  # a JITImpl does not hash
+
+
 def kernel(factory, *args, **tiling):
     """The compiled kernel of factory(*args, **tiling), built on first use."""
-    key = (id(factory), args, tuple(tiling.values()))  # a JITImpl does not hash
+    key = kernel_key(factory, args, tiling)
     entry = KERNELS.get(key)
     if entry is None:
         entry = KERNELS[key] = entry_point(factory(*args, **tiling))
@@ -79,7 +84,7 @@ def prebuild(calls):
     slowest kernel instead of the sum of all."""
     missing = {}
     for factory, args, tiling in calls:
-        key = (id(factory), args, tuple(tiling.values()))
+        key = kernel_key(factory, args, tiling)
         if key not in KERNELS and key not in missing:
             missing[key] = (factory, factory.get_tir(*args, **tiling))
     if not missing:
@@ -254,8 +259,7 @@ def run_forward(q, k, v, causal, window, layout):
         DTYPE_NAMES[q.dtype],
         *reductions(heads, kv_heads),
     )
-    fwd_factory, fwd_args, _ = calls["fwd"]
-    if (id(fwd_factory), fwd_args, tuple(FWD_TILING.values())) not in KERNELS:
+    if kernel_key(*calls["fwd"]) not in KERNELS:
         prebuild(calls.values())  # a new variant: its backward's kernels too, in parallel
     fwd = launcher(calls["fwd"])
     o = torch.empty_like(q)

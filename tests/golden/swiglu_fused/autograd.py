@@ -31,9 +31,14 @@ ALIGNMENT = 16
 KERNELS = {}
 
 
+def kernel_key(factory, args, tiling):
+    """KERNELS' key of factory(*args, **tiling)."""
+    return id(factory), args, tuple(tiling.values())  # a JITImpl does not hash
+
+
 def kernel(factory, *args, **tiling):
     """The compiled kernel of factory(*args, **tiling), built on first use."""
-    key = (id(factory), args, tuple(tiling.values()))  # a JITImpl does not hash
+    key = kernel_key(factory, args, tiling)
     entry = KERNELS.get(key)
     if entry is None:
         entry = KERNELS[key] = entry_point(factory(*args, **tiling))
