@@ -20,7 +20,7 @@ from .kernels import (
     attention_sink_bwd_postprocess,
     attention_sink_bwd_dsinks,
     dkv_buffer,
-    dq_accum_seq_len,
+    padded_rows,
 )
 from .reference import attention_sink_reference
 
@@ -259,7 +259,9 @@ def run_forward(q, k, v, sinks, causal, window, layout):
     batch, heads, seq_len, head_dim = dims(q, layout)
     if q.numel() == 0:
         # batch, heads or seq_len 0: empty work builds and launches no kernel.
-        return q.new_empty(q.shape), q.new_empty((batch, heads, seq_len), dtype=torch.float32)
+        return q.new_empty(q.shape), q.new_empty(
+            (batch, heads, padded_rows(seq_len)), dtype=torch.float32
+        )
     kv_heads = dims(k, layout)[1]
     calls = variant_calls(
         heads,
@@ -275,7 +277,8 @@ def run_forward(q, k, v, sinks, causal, window, layout):
         prebuild(calls.values())  # a new variant: its backward's kernels too, in parallel
     fwd = launcher(calls["fwd"])
     o = torch.empty_like(q)
-    lse = q.new_empty((batch, heads, seq_len), dtype=torch.float32)
+    # Rows past seq_len are padding the kernels write and the backward's masked tiles read.
+    lse = q.new_empty((batch, heads, padded_rows(seq_len)), dtype=torch.float32)
     fwd(q, k, v, sinks.float(), o, lse)
     return o, lse
 
@@ -333,7 +336,7 @@ def run_backward(
         return buffer.to(q.dtype)
 
     dq_accum = torch.zeros(
-        shape_of(layout, batch, heads, dq_accum_seq_len(seq_len), head_dim),
+        shape_of(layout, batch, heads, padded_rows(seq_len), head_dim),
         dtype=torch.float32,
         device=q.device,
     )
@@ -343,7 +346,7 @@ def run_backward(
     dq = torch.empty_like(q)
     launcher(calls["postprocess"])(dq_accum, dq)
     dk, dv = dkv_finish(dk_buffer, dk_reduction), dkv_finish(dv_buffer, dv_reduction)
-    dsinks_rows = torch.empty_like(lse)
+    dsinks_rows = lse.new_empty((batch, heads, seq_len))
     launcher(calls["dsinks"])(sinks.float(), lse, delta, dsinks_rows)
     dsinks = dsinks_rows.sum(dim=(0, 2)).to(sinks.dtype)
     return dq, dk, dv, dsinks
@@ -388,7 +391,9 @@ backward_op = torch.library.custom_op("opgen::attention_sink_bwd", backward_phas
 @forward_op.register_fake
 def _(q, k, v, sinks, causal, window, layout):
     batch, heads, seq_len, _ = dims(q, layout)
-    return q.new_empty(q.shape), q.new_empty((batch, heads, seq_len), dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty(
+        (batch, heads, padded_rows(seq_len)), dtype=torch.float32
+    )
 
 
 @backward_op.register_fake
@@ -427,8 +432,14 @@ EAGER_PHASES = {"fwd": forward, "bwd": backward_phases}
 
 
 class EagerFunction(torch.autograd.Function):
-    forward = staticmethod(forward)
-    setup_context = staticmethod(setup_context)
+    # forward(ctx, ...) calls setup_context itself: with a separate setup_context, every apply()
+    # binds its arguments through inspect.signature (~15 us). Transforms (vmap, grad) need the
+    # separate one, and take the custom ops (see eager()).
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = forward(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
 
     @staticmethod
     def backward(ctx, *grads):
@@ -443,6 +454,7 @@ def eager(t):
         and type(t) in (torch.Tensor, torch.nn.Parameter)
         and t.is_cuda
         and _get_current_dispatch_mode() is None
+        and not torch._C._are_functorch_transforms_active()
     )
 
 

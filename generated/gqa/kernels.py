@@ -22,6 +22,12 @@ def runtime_dims():
     return T.dynamic("batch"), T.dynamic("seq_len")
 
 
+def padded_dim():
+    """The rows of lse, Delta and the dQ accumulator (padded_rows(seq_len)) as their own symbol:
+    TVM cannot solve (seq_len + 7) // 8 * 8 for seq_len when it binds the shapes of a call."""
+    return T.dynamic("padded_rows")
+
+
 # Tiling per phase, from the spec's [tiling] tables.
 FWD_TILING = {"block_m": 128, "block_n": 64, "threads": 256, "num_stages": 1}
 PREPROCESS_TILING = {"block_m": 32, "threads": 128}
@@ -60,8 +66,25 @@ def _visibility(seq_len, causal, window):
     return visible
 
 
-def dq_accum_seq_len(seq_len):
-    """Rows of the fp32 dQ accumulator: the fragment layout below groups rows by 8."""
+def _needs_mask(seq_len, causal, window):
+    """Whether a tile of queries [q0, q0 + nq) x keys [k0, k0 + nk) holds a pair `visible` rejects:
+    the tail of the sequence, the causal diagonal, the window's edge. Only such tiles pay for the
+    per-element mask; the branch is uniform across the block."""
+
+    def needs(q0, nq, k0, nk):
+        condition = T.Or(q0 + nq > seq_len, k0 + nk > seq_len)
+        if causal:
+            condition = T.Or(condition, k0 + nk - 1 > q0)
+        if window:
+            condition = T.Or(condition, q0 + nq - 1 - k0 >= window)
+        return condition
+
+    return needs
+
+
+def padded_rows(seq_len):
+    """Rows of lse, Delta and the fp32 dQ accumulator: a multiple of 8, so that an fp32 row is
+    16-byte aligned for TMA copies, and the dQ fragment layout below can group rows by 8."""
     return (seq_len + 7) // 8 * 8
 
 
@@ -104,6 +127,7 @@ def gqa_fwd(
     kv_shape = _shape(layout, batch, kv_heads, seq_len, dim)
     rows, _ = _indexers(layout)
     visible = _visibility(seq_len, causal, window)
+    needs_mask = _needs_mask(seq_len, causal, window)
 
     @T.prim_func
     def fwd(
@@ -111,7 +135,7 @@ def gqa_fwd(
         K: T.Tensor(kv_shape, dtype),
         V: T.Tensor(kv_shape, dtype),
         O: T.Tensor(q_shape, dtype),
-        lse: T.Tensor([batch, heads, seq_len], ACCUM),
+        lse: T.Tensor([batch, heads, padded_dim()], ACCUM),
     ):
         with T.Kernel(T.ceildiv(seq_len, block_m), heads, batch, threads=threads) as (bx, by, bz):
             Q_shared = T.alloc_shared([block_m, dim], dtype)
@@ -140,10 +164,13 @@ def gqa_fwd(
             for step in T.Pipelined(loop_end - loop_start, num_stages=num_stages):
                 k = loop_start + step
                 T.copy(rows(K, bz, by // groups, k * block_n, block_n), K_shared)
-                for i, j in T.Parallel(block_m, block_n):
-                    acc_s[i, j] = T.if_then_else(
-                        visible(bx * block_m + i, k * block_n + j), 0, -T.infinity(ACCUM)
-                    )
+                if needs_mask(bx * block_m, block_m, k * block_n, block_n):
+                    for i, j in T.Parallel(block_m, block_n):
+                        acc_s[i, j] = T.if_then_else(
+                            visible(bx * block_m + i, k * block_n + j), 0, -T.infinity(ACCUM)
+                        )
+                else:
+                    T.clear(acc_s)
                 T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 T.copy(rows(V, bz, by // groups, k * block_n, block_n), V_shared)
                 T.copy(row_max, row_max_prev)
@@ -185,7 +212,7 @@ def gqa_bwd_preprocess(heads, dim, layout, dtype, block_m, threads):
     def bwd_preprocess(
         O: T.Tensor(shape, dtype),
         dO: T.Tensor(shape, dtype),
-        Delta: T.Tensor([batch, heads, seq_len], ACCUM),
+        Delta: T.Tensor([batch, heads, padded_dim()], ACCUM),
     ):
         with T.Kernel(T.ceildiv(seq_len, block_m), heads, batch, threads=threads) as (bx, by, bz):
             o = T.alloc_fragment([block_m, dim], dtype)
@@ -221,7 +248,7 @@ def gqa_bwd(
     """dQ by fp32 atomics; dK, dV per query head, written, split or atomically added. Grid (heads, ceildiv(seq_len, block_m), batch).
 
     One block per (query head, KV block): it walks the query blocks that see its keys. dQ (fp32,
-    zeroed, atomic target, dq_accum_seq_len rows) and the dK/dV buffers of `dkv_buffer` are passed in.
+    zeroed, atomic target, padded_rows rows) and the dK/dV buffers of `dkv_buffer` are passed in.
     """
     batch, seq_len = runtime_dims()
     sm_scale = (1.0 / dim) ** 0.5
@@ -229,9 +256,7 @@ def gqa_bwd(
     groups = heads // kv_heads
     q_shape = _shape(layout, batch, heads, seq_len, dim)
     kv_shape = _shape(layout, batch, kv_heads, seq_len, dim)
-    # The accumulator's padded row count is its own symbol: TVM cannot solve (seq_len + 7) // 8 * 8
-    # for seq_len when it binds the shapes of a call.
-    dq_shape = _shape(layout, batch, heads, T.dynamic("dq_rows"), dim)
+    dq_shape = _shape(layout, batch, heads, padded_dim(), dim)
     dk_shape, dk_dtype = dkv_buffer(
         layout, dk_reduction, batch, heads, kv_heads, seq_len, dim, dtype
     )
@@ -240,6 +265,7 @@ def gqa_bwd(
     )
     rows, elem = _indexers(layout)
     visible = _visibility(seq_len, causal, window)
+    needs_mask = _needs_mask(seq_len, causal, window)
 
     @T.macro
     def store_dkv(acc, staging, out, reduction, bx, by, bz):
@@ -260,8 +286,8 @@ def gqa_bwd(
         K: T.Tensor(kv_shape, dtype),
         V: T.Tensor(kv_shape, dtype),
         dO: T.Tensor(q_shape, dtype),
-        lse: T.Tensor([batch, heads, seq_len], ACCUM),
-        Delta: T.Tensor([batch, heads, seq_len], ACCUM),
+        lse: T.Tensor([batch, heads, padded_dim()], ACCUM),
+        Delta: T.Tensor([batch, heads, padded_dim()], ACCUM),
         dQ: T.Tensor(dq_shape, ACCUM),
         dK: T.Tensor(dk_shape, dk_dtype),
         dV: T.Tensor(dv_shape, dv_dtype),
@@ -281,6 +307,8 @@ def gqa_bwd(
             dq = T.alloc_fragment([block_n, dim], ACCUM)
             dv_shared = T.alloc_shared([block_m, dim], dtype)
             dk_shared = T.alloc_shared([block_m, dim], dtype)
+            lse_shared = T.alloc_shared([block_n], ACCUM)
+            delta = T.alloc_shared([block_n], ACCUM)
 
             T.annotate_layout({dQ: _dq_layout(layout, dQ)})
             T.copy(rows(K, bz, bx // groups, by * block_m, block_m), K_shared)
@@ -301,35 +329,38 @@ def gqa_bwd(
                 T.copy(rows(Q, bz, bx, k * block_n, block_n), q)
                 T.clear(qkT)
                 T.gemm(K_shared, q, qkT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                # P^T recomputed from lse, zero where the query does not see the key. lse and Delta
-                # are read from global memory where they are used, not staged by T.copy: a TMA copy
-                # needs 16-byte aligned row strides, which a symbolic seq_len cannot promise, and a
-                # staging loop would make the producer warpgroup as wide as the consumers. Query
-                # rows past seq_len read the last row (clamped): they are masked out below.
+                # P^T recomputed from lse, zero where the query does not see the key. Rows of lse
+                # and Delta past seq_len are padding (written by the forward and the preprocess,
+                # zero-filled past padded_rows by TMA); they belong to masked tiles.
+                T.copy(lse[bz, bx, k * block_n : (k + 1) * block_n], lse_shared)
                 for i, j in T.Parallel(block_m, block_n):
-                    qkT[i, j] = T.exp2(
-                        qkT[i, j] * scale - lse[bz, bx, T.min(k * block_n + j, seq_len - 1)]
-                    )
-                for i, j in T.Parallel(block_m, block_n):
-                    qkT[i, j] = T.if_then_else(
-                        visible(k * block_n + j, by * block_m + i), qkT[i, j], 0
-                    )
+                    qkT[i, j] = T.exp2(qkT[i, j] * scale - lse_shared[j])
+                if needs_mask(k * block_n, block_n, by * block_m, block_m):
+                    for i, j in T.Parallel(block_m, block_n):
+                        qkT[i, j] = T.if_then_else(
+                            visible(k * block_n + j, by * block_m + i), qkT[i, j], 0
+                        )
                 T.copy(rows(dO, bz, bx, k * block_n, block_n), do)
                 T.clear(dsT)
                 T.gemm(V_shared, do, dsT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 T.copy(qkT, qkT_cast)
                 T.gemm(qkT_cast, do, dv, policy=T.GemmWarpPolicy.FullRow)
+                T.copy(Delta[bz, bx, k * block_n : (k + 1) * block_n], delta)
                 for i, j in T.Parallel(block_m, block_n):
-                    delta = Delta[bz, bx, T.min(k * block_n + j, seq_len - 1)]
-                    dsT_cast[i, j] = qkT[i, j] * (dsT[i, j] - delta) * sm_scale
+                    dsT_cast[i, j] = qkT[i, j] * (dsT[i, j] - delta[j]) * sm_scale
                 T.gemm(dsT_cast, q, dk, policy=T.GemmWarpPolicy.FullRow)
                 T.copy(dsT_cast, dsT_shared)
                 T.clear(dq)
                 T.gemm(dsT_shared, K_shared, dq, transpose_A=True)
-                # Guard every atomic: rows past seq_len belong to no query.
-                for i, j in T.Parallel(block_n, dim):
-                    if k * block_n + i < seq_len:
+                # Rows past seq_len belong to no query: only the tail block guards each atomic
+                # (a per-element guard on every block costs ~10% of the kernel).
+                if k * block_n + block_n <= seq_len:
+                    for i, j in T.Parallel(block_n, dim):
                         T.atomic_add(elem(dQ, bz, bx, k * block_n + i, j), dq[i, j])
+                else:
+                    for i, j in T.Parallel(block_n, dim):
+                        if k * block_n + i < seq_len:
+                            T.atomic_add(elem(dQ, bz, bx, k * block_n + i, j), dq[i, j])
             store_dkv(dv, dv_shared, dV, dv_reduction, bx, by, bz)
             store_dkv(dk, dk_shared, dK, dk_reduction, bx, by, bz)
 
@@ -341,7 +372,7 @@ def gqa_bwd_postprocess(heads, dim, layout, dtype, block_m, threads):
     """cast the fp32 dQ accumulator (fragment layout) to the input dtype. Grid (ceildiv(seq_len, block_m), heads, batch)."""
     batch, seq_len = runtime_dims()
     shape = _shape(layout, batch, heads, seq_len, dim)
-    dq_shape = _shape(layout, batch, heads, T.dynamic("dq_rows"), dim)
+    dq_shape = _shape(layout, batch, heads, padded_dim(), dim)
     rows, _ = _indexers(layout)
 
     @T.prim_func

@@ -30,7 +30,7 @@ from .autograd import (
     variant_calls,
     gqa,
 )
-from .kernels import dkv_buffer, dq_accum_seq_len
+from .kernels import dkv_buffer, padded_rows
 from .reference import gqa_reference
 
 requires_cuda = pytest.mark.skipif(
@@ -182,7 +182,7 @@ def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduc
     launcher(calls["preprocess"])(o, do, delta)
     buffers = {
         "dQ": torch.zeros(
-            shape_of(layout, batch, heads, dq_accum_seq_len(seq_len), head_dim),
+            shape_of(layout, batch, heads, padded_rows(seq_len), head_dim),
             dtype=torch.float32,
             device="cuda",
         )

@@ -18,7 +18,7 @@ from .kernels import (
     attention_recompute_bwd,
     attention_recompute_bwd_postprocess,
     dkv_buffer,
-    dq_accum_seq_len,
+    padded_rows,
 )
 from .reference import attention_recompute_reference
 
@@ -247,7 +247,9 @@ def run_forward(q, k, v, causal, window, layout):
     batch, heads, seq_len, head_dim = dims(q, layout)
     if q.numel() == 0:
         # batch, heads or seq_len 0: empty work builds and launches no kernel.
-        return q.new_empty(q.shape), q.new_empty((batch, heads, seq_len), dtype=torch.float32)
+        return q.new_empty(q.shape), q.new_empty(
+            (batch, heads, padded_rows(seq_len)), dtype=torch.float32
+        )
     kv_heads = dims(k, layout)[1]
     calls = variant_calls(
         heads,
@@ -263,7 +265,8 @@ def run_forward(q, k, v, causal, window, layout):
         prebuild(calls.values())  # a new variant: its backward's kernels too, in parallel
     fwd = launcher(calls["fwd"])
     o = torch.empty_like(q)
-    lse = q.new_empty((batch, heads, seq_len), dtype=torch.float32)
+    # Rows past seq_len are padding the kernels write and the backward's masked tiles read.
+    lse = q.new_empty((batch, heads, padded_rows(seq_len)), dtype=torch.float32)
     fwd(q, k, v, o, lse)
     return o, lse
 
@@ -315,7 +318,7 @@ def run_backward(
         return buffer.to(q.dtype)
 
     dq_accum = torch.zeros(
-        shape_of(layout, batch, heads, dq_accum_seq_len(seq_len), head_dim),
+        shape_of(layout, batch, heads, padded_rows(seq_len), head_dim),
         dtype=torch.float32,
         device=q.device,
     )
@@ -362,7 +365,9 @@ backward_op = torch.library.custom_op(
 @forward_op.register_fake
 def _(q, k, v, causal, window, layout):
     batch, heads, seq_len, _ = dims(q, layout)
-    return q.new_empty(q.shape), q.new_empty((batch, heads, seq_len), dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty(
+        (batch, heads, padded_rows(seq_len)), dtype=torch.float32
+    )
 
 
 @backward_op.register_fake
@@ -401,8 +406,14 @@ EAGER_PHASES = {"fwd": forward, "bwd": backward_phases}
 
 
 class EagerFunction(torch.autograd.Function):
-    forward = staticmethod(forward)
-    setup_context = staticmethod(setup_context)
+    # forward(ctx, ...) calls setup_context itself: with a separate setup_context, every apply()
+    # binds its arguments through inspect.signature (~15 us). Transforms (vmap, grad) need the
+    # separate one, and take the custom ops (see eager()).
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = forward(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
 
     @staticmethod
     def backward(ctx, *grads):
@@ -417,6 +428,7 @@ def eager(t):
         and type(t) in (torch.Tensor, torch.nn.Parameter)
         and t.is_cuda
         and _get_current_dispatch_mode() is None
+        and not torch._C._are_functorch_transforms_active()
     )
 
 

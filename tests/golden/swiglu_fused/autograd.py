@@ -283,8 +283,14 @@ EAGER_PHASES = {"bwd": backward_phases}
 
 
 class EagerFunction(torch.autograd.Function):
-    forward = staticmethod(forward)
-    setup_context = staticmethod(setup_context)
+    # forward(ctx, ...) calls setup_context itself: with a separate setup_context, every apply()
+    # binds its arguments through inspect.signature (~15 us). Transforms (vmap, grad) need the
+    # separate one, and take the custom ops (see eager()).
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = forward(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
 
     @staticmethod
     def backward(ctx, *grads):
@@ -299,6 +305,7 @@ def eager(t):
         and type(t) in (torch.Tensor, torch.nn.Parameter)
         and t.is_cuda
         and _get_current_dispatch_mode() is None
+        and not torch._C._are_functorch_transforms_active()
     )
 
 

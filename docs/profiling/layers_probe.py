@@ -1,0 +1,91 @@
+"""Host time of the layers of a tiny call (rmsnorm [8, 1024], matmul 64^3, bf16), and a cProfile of
+rmsnorm's public fwd+bwd: where the time over eager PyTorch goes (issue 10)."""
+import cProfile
+import os
+import pstats
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.getcwd())
+from generated.rmsnorm import autograd as ra  # noqa: E402
+from generated.matmul import autograd as ma  # noqa: E402
+
+
+def per_call(fn, n=400):
+    for _ in range(30):
+        fn()
+    torch.cuda.synchronize()
+    best = 1e9
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t) / n * 1e6)
+    return best
+
+
+def report(name, fn):
+    print(f"{name:60s} {per_call(fn):8.1f} us", flush=True)
+
+
+dt = torch.bfloat16
+x = torch.randn(8, 1024, device="cuda", dtype=dt, requires_grad=True)
+w = torch.randn(1024, device="cuda", dtype=dt, requires_grad=True)
+xd, wd = x.detach(), w.detach()
+dy = torch.randn_like(x)
+ra.rmsnorm(x, w).backward(dy)
+torch.cuda.synchronize()
+
+
+def eager_rms(x, w):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+
+
+report("rmsnorm eager fwd", lambda: eager_rms(x, w))
+report("rmsnorm eager fwd+bwd (autograd.grad)", lambda: torch.autograd.grad(eager_rms(x, w), (x, w), dy))
+report("rmsnorm public fwd", lambda: ra.rmsnorm(x, w))
+report("rmsnorm public fwd+bwd (autograd.grad)", lambda: torch.autograd.grad(ra.rmsnorm(x, w), (x, w), dy))
+report("rmsnorm public fwd+bwd (.backward)", lambda: ra.rmsnorm(x, w).backward(dy))
+report("rmsnorm public fwd, no-grad inputs", lambda: ra.rmsnorm(xd, wd))
+report("rmsnorm check_inputs", lambda: ra.check_inputs(x, w))
+report("rmsnorm eager(t)", lambda: ra.eager(x))
+report("rmsnorm EagerFunction.apply", lambda: ra.EagerFunction.apply(x, w, True, "atomic"))
+report("rmsnorm forward_op (custom op)", lambda: ra.forward_op(x, w, True, "atomic"))
+report("rmsnorm run_forward", lambda: ra.run_forward(xd, wd, True))
+fwd = ra.kernel(ra.rmsnorm_fwd, 1024, "bfloat16", "bfloat16", ra.EPS, True, **ra.FWD_TILING)
+print("entry point type:", type(fwd), flush=True)
+y = torch.empty_like(xd)
+rstd = torch.empty(8, dtype=torch.float32, device="cuda")
+report("rmsnorm kernel() lookup", lambda: ra.kernel(ra.rmsnorm_fwd, 1024, "bfloat16", "bfloat16", ra.EPS, True, **ra.FWD_TILING))
+report("rmsnorm entry call alone", lambda: fwd(xd, wd, y, rstd))
+report("rmsnorm run_backward", lambda: ra.run_backward(xd, rstd, wd, dy, "atomic"))
+report("torch.empty_like", lambda: torch.empty_like(xd))
+report("torch.zeros 1024 fp32", lambda: torch.zeros(1024, dtype=torch.float32, device="cuda"))
+report("tensor.to(bf16) of bf16", lambda: dy.contiguous().to(dt))
+
+a = torch.randn(64, 64, device="cuda", dtype=dt, requires_grad=True)
+b = torch.randn(64, 64, device="cuda", dtype=dt, requires_grad=True)
+dc = torch.randn(64, 64, device="cuda", dtype=dt)
+ma.matmul(a, b, None).backward(dc)
+report("matmul torch fwd", lambda: a @ b)
+report("matmul torch fwd+bwd", lambda: torch.autograd.grad(a @ b, (a, b), dc))
+report("matmul public fwd", lambda: ma.matmul(a, b, None))
+report("matmul public fwd+bwd", lambda: torch.autograd.grad(ma.matmul(a, b, None), (a, b), dc))
+report("matmul check_inputs", lambda: ma.check_inputs(a, b, None))
+report("matmul run_forward", lambda: ma.run_forward(a.detach(), b.detach(), None))
+print("matmul KERNELS:", len(ma.KERNELS), [type(v).__name__ for v in ma.KERNELS.values()], flush=True)
+
+for name, fn in (("rmsnorm fwd+bwd", lambda: torch.autograd.grad(ra.rmsnorm(x, w), (x, w), dy)),
+                 ("matmul fwd+bwd", lambda: torch.autograd.grad(ma.matmul(a, b, None), (a, b), dc))):
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(2000):
+        fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    print(f"\n# cProfile of 2000 x {name}, by tottime")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
