@@ -500,15 +500,21 @@ def _parse_shape(text: str, keys: tuple[str, ...], required: tuple[str, ...]) ->
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def test(ctx: typer.Context, name: str = typer.Argument(..., help="Operator name."),
-         out_dir: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help=OUT_HELP)
+         out_dir: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help=OUT_HELP),
+         allow_skip: bool = typer.Option(False, "--allow-skip",
+                                         help="Exit 0 even when the GPU tests skip (no CUDA).")
          ) -> None:
-    """Run the generated tests of generated/<name>/ (needs a CUDA GPU). Extra args go to pytest."""
+    """Run the generated tests of generated/<name>/ (needs a CUDA GPU). Extra args go to pytest.
+
+    Without CUDA the GPU tests skip, and the run exits 1 saying that no GPU test ran, unless
+    --allow-skip."""
     with user_errors():
         package = _package(name, _out_root(out_dir))
         # pytest imports the test module as <name>.test_<name> (or under the packages above it
         # when DIR is itself a package), with the first directory above it that is no package on
         # sys.path: its relative imports work wherever DIR is.
-        cmd = [sys.executable, "-m", "pytest", str(package), *ctx.args]
+        plugin = [] if allow_skip else ["-p", "opgen.pytest_gpu_required"]
+        cmd = [sys.executable, "-m", "pytest", *plugin, str(package), *ctx.args]
         raise typer.Exit(subprocess.call(cmd))
 
 

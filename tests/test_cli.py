@@ -531,19 +531,45 @@ def test_out_that_is_a_file(foo, cli):
 
 
 def test_generated_tests_skip_without_cuda(foo, run_opgen):
-    """`opgen test` runs the package's pytest file; on a CPU machine the GPU tests skip, saying why."""
+    """`opgen test` runs the package's pytest file; on a CPU machine the GPU tests skip, saying why,
+    and the run exits 1: no GPU test ran. --allow-skip accepts that."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is present: the generated tests would really run")
     result = run_opgen("test", "foo", "-q", "-rs", "-p", "no:cacheprovider", cwd=foo)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert (
-        " skipped" in result.stdout
-        and "failed" not in result.stdout
-        and "error" not in result.stdout
-    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert " skipped" in result.stdout and "failed" not in result.stdout
     assert "needs a CUDA GPU" in result.stdout
+    assert "opgen test: no GPU test ran" in result.stdout and "--allow-skip" in result.stdout
+    allowed = run_opgen("test", "foo", "--allow-skip", "-q", "-p", "no:cacheprovider", cwd=foo)
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    assert " skipped" in allowed.stdout and "no GPU test ran" not in allowed.stdout
+
+
+def test_generated_tests_that_fail_still_fail_without_cuda(foo, run_opgen):
+    """The no-GPU rule only turns a passing run into a failing one: a failing CPU test keeps
+    pytest's own exit status and report."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    test_file = foo / "generated" / "foo" / "test_foo.py"
+    test_file.write_text(test_file.read_text() + "\n\ndef test_broken():\n    assert False\n")
+    result = run_opgen("test", "foo", "-q", "-p", "no:cacheprovider", cwd=foo)
+    assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout
+
+
+def test_bench_without_cuda_says_so_in_one_line(foo, run_opgen):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present: the bench would really run")
+    result = run_opgen("bench", "foo", cwd=foo)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "bench_foo: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was timed"
+    ), result.stderr
 
 
 def test_generated_tests_of_a_vendored_package_skip_without_cuda(foo, cli, run_opgen):
@@ -555,8 +581,8 @@ def test_generated_tests_of_a_vendored_package_skip_without_cuda(foo, cli, run_o
     vendored(foo, cli)
     for init in ("vendor/__init__.py", "vendor/ops/__init__.py"):
         (foo / init).write_text("")
-    result = run_opgen("test", "foo", "--out", "vendor/ops", "-q", "-rs", "-p", "no:cacheprovider",
-                       cwd=foo)
+    result = run_opgen("test", "foo", "--out", "vendor/ops", "--allow-skip", "-q", "-rs", "-p",
+                       "no:cacheprovider", cwd=foo)
     assert result.returncode == 0, result.stdout + result.stderr
     assert " skipped" in result.stdout and "needs a CUDA GPU" in result.stdout
     assert check(cli, "--out", "vendor/ops").exit_code == 0, "__init__.py of DIR is allowed"

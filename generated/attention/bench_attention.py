@@ -2,7 +2,7 @@
 # Edit the spec (copied beside this file as spec.toml) and run `opgen build specs/attention.toml` instead.
 """Benchmark of `attention` against SDPA (cuDNN, flash) and FlexAttention, in one run.
 
-    python -m generated.attention.bench_attention
+    opgen bench attention          (or: python -m <this package>.bench_attention)
 
 TFLOP/s with fwd = 4 * B * H * D * (visible query-key pairs) and bwd = 2.5 * fwd; median times
 from tilelang.profiler.do_bench. A baseline that cannot compute this operator (sinks, window) or
@@ -187,6 +187,10 @@ def host_overhead():
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit(
+            f"bench_attention: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was timed"
+        )
     if "--overhead" not in sys.argv[1:]:
         main()
     host_overhead()

@@ -2,7 +2,7 @@
 # Edit the spec (copied beside this file as spec.toml) and run `opgen build specs/gqa.toml` instead.
 """Benchmark of `gqa` against SDPA (cuDNN, flash) and FlexAttention, in one run.
 
-    python -m generated.gqa.bench_gqa
+    opgen bench gqa          (or: python -m <this package>.bench_gqa)
 
 TFLOP/s with fwd = 4 * B * H * D * (visible query-key pairs) and bwd = 2.5 * fwd; median times
 from tilelang.profiler.do_bench. A baseline that cannot compute this operator (sinks, window) or
@@ -186,6 +186,10 @@ def host_overhead():
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit(
+            f"bench_gqa: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was timed"
+        )
     if "--overhead" not in sys.argv[1:]:
         main()
     host_overhead()

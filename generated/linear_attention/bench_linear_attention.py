@@ -2,7 +2,7 @@
 # Edit the spec (copied beside this file as spec.toml) and run `opgen build specs/linear_attention.toml` instead.
 """Benchmark of `linear_attention` against PyTorch baselines, in one run.
 
-    python -m generated.linear_attention.bench_linear_attention
+    opgen bench linear_attention          (or: python -m <this package>.bench_linear_attention)
 
 TFLOP/s of the same FLOP count for every implementation: the chunked algorithm's (chunk 64),
 fwd B H ceil(S/C) (2 C^2 (Dk + Dv) + 4 C Dk Dv), bwd 3x that. Baselines: the same chunked algorithm
@@ -184,6 +184,10 @@ def host_overhead():
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit(
+            f"bench_linear_attention: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was timed"
+        )
     if "--overhead" not in sys.argv[1:]:
         main()
     host_overhead()

@@ -2,7 +2,7 @@
 # Edit the spec (copied beside this file as spec.toml) and run `opgen build specs/matmul.toml` instead.
 """Benchmark of `matmul` against torch.matmul (cuBLAS), in one run.
 
-    python -m generated.matmul.bench_matmul
+    opgen bench matmul          (or: python -m <this package>.bench_matmul)
 
 TFLOP/s of the same FLOP count for every implementation: fwd 2*M*N*K, bwd 4*M*N*K (the dA and
 dB GEMMs; dbias's M*N additions are not counted). Median times
@@ -130,6 +130,10 @@ def host_overhead():
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit(
+            f"bench_matmul: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was timed"
+        )
     if "--overhead" not in sys.argv[1:]:
         main()
     host_overhead()

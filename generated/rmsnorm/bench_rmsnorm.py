@@ -2,7 +2,7 @@
 # Edit the spec (copied beside this file as spec.toml) and run `opgen build specs/rmsnorm.toml` instead.
 """Benchmark of `rmsnorm` against eager PyTorch and torch.compile, in one run.
 
-    python -m generated.rmsnorm.bench_rmsnorm
+    opgen bench rmsnorm          (or: python -m <this package>.bench_rmsnorm)
 
 GB/s of the op's own bytes, the same for every implementation: fwd reads x and w and writes y;
 bwd reads dy, x and w and writes dx and dw (each once; opgen's saved rstd, 4 bytes a row, is not
@@ -138,6 +138,10 @@ def host_overhead():
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit(
+            f"bench_rmsnorm: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was timed"
+        )
     if "--overhead" not in sys.argv[1:]:
         main()
     host_overhead()

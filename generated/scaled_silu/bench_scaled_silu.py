@@ -2,7 +2,7 @@
 # Edit the spec (copied beside this file as spec.toml) and run `opgen build specs/scaled_silu.toml` instead.
 """Benchmark of `scaled_silu` against eager PyTorch and torch.compile, in one run.
 
-    python -m generated.scaled_silu.bench_scaled_silu
+    opgen bench scaled_silu          (or: python -m <this package>.bench_scaled_silu)
 
 GB/s of the op's own bytes, the same for every implementation: fwd reads x and w and writes y;
 bwd reads dy, x and w and writes dx and dw (each once). Median times from
@@ -140,6 +140,10 @@ def host_overhead():
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit(
+            f"bench_scaled_silu: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was timed"
+        )
     if "--overhead" not in sys.argv[1:]:
         main()
     host_overhead()

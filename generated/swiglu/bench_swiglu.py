@@ -2,7 +2,7 @@
 # Edit the spec (copied beside this file as spec.toml) and run `opgen build specs/swiglu.toml` instead.
 """Benchmark of `swiglu` against eager PyTorch and torch.compile, in one run.
 
-    python -m generated.swiglu.bench_swiglu
+    opgen bench swiglu          (or: python -m <this package>.bench_swiglu)
 
 GB/s of the op's own bytes, the same for every implementation: fwd reads a and b and writes y;
 bwd reads dy, a and b and writes da and db (each once). The last columns divide them by the GB/s
@@ -151,6 +151,10 @@ def host_overhead():
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit(
+            f"bench_swiglu: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was timed"
+        )
     if "--overhead" not in sys.argv[1:]:
         main()
     host_overhead()
