@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -434,3 +435,30 @@ def test_gemm_kernels_are_wgmma_for_sm90a(project, monkeypatch, fresh_compiles):
         assert smem <= gen.plan.smem[key], (phase, smem, gen.plan.smem[key])
         # Rows of 777 elements: loaded element by element, zero past the edge (TMA needs 16 bytes).
         assert "condval" in kernel.get_kernel_source(), f"{phase}: no guarded loads"
+
+
+@pytest.mark.compile
+def test_db_compiles_where_neither_operand_takes_tma(project, monkeypatch, fresh_compiles):
+    """dB reduces over the symbolic m: its pipelined loop has an unknown length. At n = k = 333
+    (rows of A and dC not 16-byte aligned) neither operand takes TMA, and the pipeline's drain
+    after the loop waits on cp.async groups with counts that must be constants in PTX; CUDA
+    codegen once failed there ('Downcast from tirx.Sub to ir.IntImm'; the fwd and dA kernels,
+    with a static reduction, compiled). Lowered and compiled with nvcc for sm_90a, m still
+    symbolic."""
+    from opgen.output import write as write_package
+
+    monkeypatch.setenv("TILELANG_DEFAULT_TARGET", '{"kind": "cuda", "arch": "sm_90a"}')
+    text = MINIMAL.replace('"x"', '"mm333"') + "[test]\nshapes = [{ m = 333, n = 333, k = 333 }]\n"
+    gen = generate(write(project, text, name="mm333"))
+    write_package(gen, project)
+    path = project / gen.out_dir / "kernels.py"
+    spec = importlib.util.spec_from_file_location("_matmul333_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    job = next(j for j in gen.plan.compile_jobs if j.label == "bwd_db float16 n=333 k=333")
+    kernel = getattr(module, job.factory)(*job.args, **job.tiling)
+    source = kernel.get_kernel_source()
+    assert "tma_load" not in source  # the path under test: no operand through TMA
+    assert re.search(r"__global__ void[^{]*\bint m\)", source), "m is no longer a kernel argument"
+    assert re.search(r"cp_async_wait<\d+>", source)  # the drain's waits, constant counts
+    assert "wgmma.mma_async" in kernel._get_ptx()

@@ -358,7 +358,7 @@ def test_generated_test_runs_split_against_atomic_only_for_an_atomic_spec(projec
     for text in (atomic, split):
         for name in ("test_dw_split_is_deterministic", "test_strided_dy", "test_expanded_dy",
                      "test_comparison_catches_broken_gradients",
-                     "test_rejects_bad_inputs_before_launch", "test_rejects_cpu_tensors"):
+                     "test_rejects_bad_inputs_before_launch", "test_rejects_tensors_on_two_devices"):
             assert f"def {name}(" in text, name
         assert 'pytest.param(True, id="save")' in text and 'pytest.param(False, id="recompute")' in text
 

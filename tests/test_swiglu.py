@@ -5,18 +5,20 @@ strided-input handling on CPU tensors, and deterministic rendering."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import sys
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from conftest import REPO_ROOT, import_generated, plan_from, spec_problems as problems
+from conftest import REPO_ROOT, TESTS_DIR, import_generated, plan_from, spec_problems as problems
 from conftest import write_spec as write
 
 from opgen.errors import OpgenError
 from opgen.families import FAMILIES, swiglu
 from opgen.families.swiglu import DEFAULT_TILING, Spec, bytes_moved, explain, matrix
-from opgen.render import environment, generate
+from opgen.render import environment, generate, load_plan
 from opgen.spec import DEFAULT_TOLERANCES, read_spec, validate
 
 MINIMAL = 'name = "x"\nfamily = "swiglu"\n'
@@ -160,8 +162,15 @@ def test_plan_compile_jobs(project):
                            "bwd bfloat16 C=14336 sigmoid=recompute contiguous (bench)"]
     fused = plan_of(project, FUSED).compile_jobs
     assert len(fused) == 2 * 2 * 2 + 2 * 2
-    assert fused[1].args == (77, 154, 77, 154, 154, "float16", False)
+    # dx's halves as x's: da in place (row stride 2C), db written into its own buffer (row stride C:
+    # its start in dx is not 16-byte aligned at an odd C), as the package launches it.
+    assert fused[1].args == (77, 154, 77, 154, 77, "float16", False)
     assert fused[-1].args == (14336, 28672, 28672, 28672, 28672, "bfloat16", False)
+    # At a C of whole 16-byte units b (and db in dx) starts aligned: in place, row stride 2C.
+    aligned = FUSED + "[test]\nshapes = [[3, 333, 80]]\n"
+    assert plan_of(project, aligned).compile_jobs[1].args == (80, 160, 160, 160, 160, "float16", False)
+    assert [j.args for j in plan_of(project, MINIMAL + "[test]\nshapes = [[3, 333, 80]]\n").compile_jobs
+            if "halves" in j.label][1] == (80, 160, 160, 80, 80, "float16", False)
 
 
 def test_plan_bench_bytes(project):
@@ -227,10 +236,6 @@ def test_as_matrix_keeps_aligned_strided_rows_in_place(autograd):
     for half in (a, b):
         m = autograd.as_matrix(half)
         assert m.shape == (15, 64) and m.stride() == (128, 1) and m.data_ptr() == half.data_ptr()
-        assert autograd.row_stride(m) == 128
-    # One row: the stride the kernels take is the row's length (one kernel for every such view).
-    one = autograd.as_matrix(wide[0, 0, 64:])
-    assert one.data_ptr() == wide[0, 0, 64:].data_ptr() and autograd.row_stride(one) == 64
 
 
 def test_as_matrix_copies_what_the_kernels_cannot_read_in_place(autograd):
@@ -246,6 +251,78 @@ def test_as_matrix_copies_what_the_kernels_cannot_read_in_place(autograd):
     # Expanded (stride-0) rows.
     e = torch.zeros(1, 64, dtype=torch.float16).expand(8, 64)
     assert autograd.as_matrix(e).is_contiguous()
+
+
+def test_as_matrix_gives_one_row_the_dense_stride(autograd):
+    """One row reads the same at any row stride: as_matrix gives it its width (in place), whatever
+    stride the input's size-1 dims have, so that every single row takes one kernel (the kernels
+    take the row stride as an argument)."""
+    wide = torch.zeros(3, 5, 2 * 64, dtype=torch.float16)
+    for t in (wide[0, 0, 64:], wide[1:2, 4:5, :64], wide[:1, -1:], torch.zeros(64, 1).t()):
+        m = autograd.as_matrix(t)
+        assert m.stride() == (t.shape[-1], 1) and m.data_ptr() == t.data_ptr(), t.stride()
+
+
+def import_golden(package: str, module: str):
+    """tests/golden/<package>.<module>, imported as _golden_<package>: a name no spec can take
+    (the golden package's own name would then look importable to the spec checks)."""
+    name = f"_golden_{package}"
+    if name not in sys.modules:
+        root = TESTS_DIR / "golden" / package
+        spec = importlib.util.spec_from_file_location(name, root / "__init__.py",
+                                                      submodule_search_locations=[str(root)])
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return importlib.import_module(f"{name}.{module}")
+
+
+# Where each form's package is: the committed pair form and the fused form's golden tree.
+FORMS = {
+    "pair": ("specs/swiglu.toml", lambda: import_generated("swiglu", "autograd")),
+    "fused": ("tests/specs/swiglu_fused.toml", lambda: import_golden("swiglu_fused", "autograd")),
+}
+# The leading dims of the generated test_new_lengths_compile_nothing's length_cases.
+LENGTHS = ((1,), (77,), (3, 5), (1000,))
+
+
+@pytest.mark.parametrize("cols", [77, 80], ids=["C77", "C80"])  # b = x[..., C:] unaligned, aligned
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_every_row_count_launches_the_same_compiled_variants(project, form, cols, monkeypatch):
+    """The kernel variants (factory and arguments: the KERNELS keys) that fwd and bwd launch are
+    the same at every row count of one C, 1 row included, and are compile jobs of the plan whose
+    tail shape has that C: after the first call a new length builds no kernel (on the GPU, the
+    generated test_new_lengths_compile_nothing), and the compile check built what runs. CPU
+    tensors through the kernel path (the ops' own functions), the launches recorded, not run."""
+    spec, load = FORMS[form]
+    package = load_plan(REPO_ROOT / spec)[0]
+    autograd = load()
+    phases = [(getattr(autograd, k.factory), phase) for phase, k in package.kernels.items()]
+    launched = []
+
+    def record(factory, *args, **tiling):
+        phase = next(phase for f, phase in phases if f is factory)  # a JITImpl does not hash
+        launched.append((phase, args))
+        return lambda *tensors: None
+
+    monkeypatch.setattr(autograd, "kernel", record)
+    width = 2 * cols if package.fused else cols
+    per_length = []
+    for lead in LENGTHS:
+        launched.clear()
+        for dtype in package.dtypes:
+            inputs = [torch.randn(*lead, width).to(getattr(torch, dtype)) for _ in package.inputs]
+            for save in (False, True):
+                y, s = autograd.forward(*inputs, save)
+                autograd.backward_phases(*inputs, s if save else None, torch.randn_like(y))
+        per_length.append(sorted(launched))
+    assert len(per_length[0]) == 4 * len(package.dtypes)
+    for lead, variants in zip(LENGTHS[1:], per_length[1:]):
+        assert variants == per_length[0], f"new variants at leading dims {lead}"
+    text = (MINIMAL + f"dtypes = {list(package.dtypes)}\n"
+            + ('[swiglu]\ninput = "fused"\n' if package.fused else "")
+            + f"[test]\nshapes = [[3, 333, {cols}]]\n")
+    jobs = {(job.factory.removeprefix("x_"), job.args) for job in plan_of(project, text).compile_jobs}
+    assert set(per_length[0]) <= jobs, sorted(set(per_length[0]) - jobs)
 
 
 def test_check_inputs_messages(autograd):

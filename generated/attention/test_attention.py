@@ -435,6 +435,21 @@ def test_rejects_bad_inputs_before_launch(no_launch):
         attention(*good.values(), layout="sbhd")
 
 
+@requires_cuda
+def test_rejects_tensors_on_two_devices(no_launch):
+    """CPU tensors run the reference and CUDA tensors the kernels: tensors on both raise before
+    any launch, each input in turn the one on the CPU (the first one picks the path)."""
+    batch, heads, kv_heads, seq_len, head_dim = SHAPES[0].values
+    causal, window = MASKS[-1].values
+    layout = LAYOUTS[0]
+    inputs, _ = make_inputs(batch, heads, kv_heads, seq_len, head_dim, DTYPES[0], layout)
+    tensors = {name: t.detach() for name, t in inputs.items()}
+    for on_cpu in tensors:
+        args = [t.cpu() if name == on_cpu else t for name, t in tensors.items()]
+        with pytest.raises(ValueError, match="one device"):
+            attention(*args, causal=causal, layout=layout)
+
+
 def test_cpu_tensors_run_the_reference():
     """CPU tensors pass the same checks and get the reference's output and gradients (no kernel)."""
     causal, window, layout = True, None, LAYOUTS[0]

@@ -353,8 +353,6 @@ def test_rejects_bad_inputs_before_launch(no_launch):
         linear_attention(q.double(), k.double(), v.double())
     with pytest.raises(TypeError, match="must have q's dtype"):
         linear_attention(q, k.to(other), v)
-    with pytest.raises(ValueError, match="one device"):
-        linear_attention(q, k, v.cpu())
     with pytest.raises(TypeError, match="torch.Tensor"):
         linear_attention(q, 1.0, v)
     with pytest.raises(ValueError, match="4-D"):
@@ -379,9 +377,13 @@ def test_rejects_bad_inputs_before_launch(no_launch):
         linear_attention(offset, k, v)
 
 
-def test_rejects_cpu_tensors():
-    batch, seq_len, heads, dim_k, dim_v = TAIL_SHAPE
-    q = torch.ones(batch, seq_len, heads, dim_k, dtype=torch.float16)
-    v = torch.ones(batch, seq_len, heads, dim_v, dtype=torch.float16)
-    with pytest.raises(ValueError, match="one device"):
-        linear_attention(q, q, v)
+@requires_cuda
+def test_rejects_tensors_on_two_devices(no_launch):
+    """CPU tensors run the reference and CUDA tensors the kernels: tensors on both raise before
+    any launch, each input in turn the one on the CPU (the first one picks the path)."""
+    inputs, _ = make_inputs(TAIL_SHAPE, DTYPES[0])
+    tensors = {name: t.detach() for name, t in inputs.items()}
+    for on_cpu in tensors:
+        args = [t.cpu() if name == on_cpu else t for name, t in tensors.items()]
+        with pytest.raises(ValueError, match="one device"):
+            linear_attention(*args)

@@ -53,6 +53,15 @@ def _gemm(
     y_shape = [cols, depth] if trans_b else [depth, cols]
     x_tile = [block_k, block_m] if trans_a else [block_m, block_k]
     y_tile = [block_n, block_k] if trans_b else [block_k, block_n]
+    # A reduction over the symbolic m (dB) pipelines a loop of unknown length. Where neither
+    # operand can use TMA (rows not 16-byte aligned: k and n not multiples of 8 elements), the
+    # pipeline orders its copies with cp.async commit/wait groups, and its drain after the loop is
+    # a short loop whose `cp.async.wait_group N` counts down with the loop index. PTX takes N only
+    # as a constant, and TileLang leaves that loop rolled: CUDA codegen fails ("Downcast from
+    # tirx.Sub to ir.IntImm"). Unrolling the loops of the pipeline explicitly (what nvcc does with
+    # them anyway) makes every N a constant. A static reduction (fwd, dA) has constant waits: its
+    # kernels stay as they are.
+    pipeline_annotations = None if isinstance(depth, int) else {"pragma_unroll_explicit": 1}
 
     @T.macro
     def body(X, Y, Bias, Out):
@@ -66,7 +75,9 @@ def _gemm(
             out_shared = T.alloc_shared([block_m, block_n], dtype)
             T.use_swizzle(panel_size=SWIZZLE_PANEL)
             T.clear(acc)
-            for step in T.Pipelined(T.ceildiv(depth, block_k), num_stages=num_stages):
+            for step in T.Pipelined(
+                T.ceildiv(depth, block_k), num_stages=num_stages, annotations=pipeline_annotations
+            ):
                 if trans_a:
                     T.copy(X[step * block_k, by * block_m], X_shared)
                 else:

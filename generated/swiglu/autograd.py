@@ -108,7 +108,9 @@ def check_inputs(a, b):
 def as_matrix(t):
     """A non-empty t [..., C] as the [rows, C] matrix the kernels take, with a contiguous last
     dim: in place where its leading dims collapse to one row stride and it starts aligned (the
-    halves of a wider tensor, a slice of rows), else a contiguous copy."""
+    halves of a wider tensor, a slice of rows), else a contiguous copy. The kernels take its row
+    stride as a factory argument; one row comes out with the dense one, C, whatever the input's
+    (torch's view of a size-1 dim), so every single row takes one kernel."""
     cols = t.shape[-1]
     rows = t.numel() // cols
     try:
@@ -124,48 +126,32 @@ def as_matrix(t):
     return matrix
 
 
-def row_stride(matrix):
-    """The row stride the kernels take: cols for one row (its stride means nothing there)."""
-    rows, cols = matrix.shape
-    return cols if rows == 1 else matrix.stride(0)
-
-
-def run_forward(a, b, save_sigmoid):
-    """The forward kernel on a and b of one shape [..., C]: returns y (contiguous) and, with
-    save_sigmoid, sigmoid(a) in fp32 (else None)."""
-    # Direct writes: every element is written once.
-    y = a.new_empty(a.shape)
-    s = a.new_empty(a.shape, dtype=torch.float32) if save_sigmoid else None
-    if a.numel() == 0:
-        return y, s  # empty work builds and launches no kernel
-    a, b = as_matrix(a), as_matrix(b)
+def launch_forward(a, b, y, s):
+    """The fwd kernel into given buffers: a and b [rows, C] as from as_matrix, y (their
+    dtype) and, unless None, s (fp32), contiguous, of rows x C elements."""
     rows, cols = a.shape
+    save_sigmoid = s is not None
+    # The kernel's arguments are the matrices' row strides as they are: the caller makes them
+    # the same at every row count (the KERNELS key: a new row count builds no kernel).
     fwd = kernel(
-        swiglu_fwd,
-        cols,
-        row_stride(a),
-        row_stride(b),
-        DTYPE_NAMES[a.dtype],
-        save_sigmoid,
-        **FWD_TILING,
+        swiglu_fwd, cols, a.stride(0), b.stride(0), DTYPE_NAMES[a.dtype], save_sigmoid, **FWD_TILING
     )
     outputs = (y, s) if save_sigmoid else (y,)
     fwd(a, b, *(t.view(rows, cols) for t in outputs))
-    return y, s
 
 
 def launch_backward(a, b, s, dy, da, db):
-    """The bwd kernel into given buffers: a and b as from as_matrix, s (fp32) and dy contiguous
-    [rows, C], da and db [rows, C] matrices with row strides of their own, aligned."""
+    """The bwd kernel into given buffers: a and b as from as_matrix, s (fp32) and dy
+    contiguous [rows, C], da and db [rows, C] matrices with row strides of their own, aligned."""
     rows, cols = a.shape
     save_sigmoid = s is not None
     bwd = kernel(
         swiglu_bwd,
         cols,
-        row_stride(a),
-        row_stride(b),
-        row_stride(da),
-        row_stride(db),
+        a.stride(0),
+        b.stride(0),
+        da.stride(0),
+        db.stride(0),
         DTYPE_NAMES[a.dtype],
         save_sigmoid,
         **BWD_TILING,
@@ -179,6 +165,18 @@ def _dense_dy(dy, a):
     # the kernels index dy as a dense [rows, C] matrix.
     dy = dy.to(a.dtype).reshape(-1, a.shape[-1])
     return dy if dy.is_contiguous() and _aligned(dy) else _dense_copy(dy)
+
+
+def run_forward(a, b, save_sigmoid):
+    """The forward kernel on a and b of one shape [..., C]: returns y (contiguous) and, with
+    save_sigmoid, sigmoid(a) in fp32 (else None)."""
+    # Direct writes: every element is written once.
+    y = a.new_empty(a.shape)
+    s = a.new_empty(a.shape, dtype=torch.float32) if save_sigmoid else None
+    if a.numel() == 0:
+        return y, s  # empty work builds and launches no kernel
+    launch_forward(as_matrix(a), as_matrix(b), y, s)
+    return y, s
 
 
 def run_backward(a, b, s, dy):

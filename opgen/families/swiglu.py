@@ -29,6 +29,9 @@ from opgen.spec import (BenchSection, Block, DirectGrad, MatrixShape, RowBlock, 
 
 # Each thread keeps its elements' fp32 values in registers: at most this many per thread.
 MAX_ELEMENTS_PER_THREAD = 64
+# Bytes: the kernels' vector loads and stores need every matrix to start on this boundary; the
+# package copies a matrix that does not (autograd.py's ALIGNMENT, printed from the plan).
+ALIGNMENT = 16
 
 
 class ElementwiseTiling(StrictModel):
@@ -130,6 +133,7 @@ class Plan(PlanBase):
     fused: bool  # the spec's swiglu.input == "fused": the public function takes one x [..., 2C]
     inputs: tuple[str, ...]  # the public function's tensor arguments: (a, b) or (x,)
     save_sigmoid: bool  # the spec's saved.sigmoid: the public function's
+    alignment: int  # bytes: where a matrix must start for the kernels to read it in place
     tail_case: ShapeCase  # tail blocks in rows and columns: strided inputs, broken grads
     bench_cases: tuple[BytesBenchCase, ...]
 
@@ -168,6 +172,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         fused=fused,
         inputs=inputs,
         save_sigmoid=save_sigmoid,
+        alignment=ALIGNMENT,
         kernels=kernels,
         grads=grads,
         grad_check_order=grad_check_order,
@@ -188,34 +193,42 @@ def _has_tail(spec, shape: tuple[int, ...]) -> bool:
 
 def _compile_jobs(spec, kernels, tail_case, fused) -> tuple[CompileJob, ...]:
     """Every kernel variant the package launches at the tail shape, per dtype and saved.sigmoid:
-    contiguous a and b (pair form), and the halves of a [rows, 2C] tensor (the fused form; in the
-    pair form the tests' strided inputs): a in place with row stride 2C, b copied (its start is
-    not 16-byte aligned at an odd C). Then the benchmark's shapes with the spec's choices. The
-    row count is symbolic: a variant is its C and row strides."""
+    contiguous a and b (pair form), and the halves of a [rows, 2C] tensor (the fused form's x; in
+    the pair form, a and b as views of one such tensor). Then the benchmark's shapes with the
+    spec's choices. The row count is symbolic: a variant is its C and the row strides of a, b, da
+    and db, the same at every row count (one row included: autograd.py's as_matrix gives it the
+    dense stride C, and the fused form's halves keep x's)."""
     fwd, bwd = kernels["fwd"], kernels["bwd"]
 
     def jobs_for(cols, dtype, saves, layouts, tag):
         for save in saves:
             sig = "save" if save else "recompute"
-            for (a_stride, b_stride, g_stride), what in layouts:
+            for (a_stride, b_stride, da_stride, db_stride), what in layouts:
                 size = f"{dtype} C={cols} sigmoid={sig} {what}{tag}"
                 yield CompileJob(fwd.factory, (cols, a_stride, b_stride, dtype, save),
                                  fwd.tiling, f"fwd {size}")
-                yield CompileJob(bwd.factory, (cols, a_stride, b_stride, g_stride, g_stride,
+                yield CompileJob(bwd.factory, (cols, a_stride, b_stride, da_stride, db_stride,
                                                dtype, save), bwd.tiling, f"bwd {size}")
 
+    def halves(cols, dtype):
+        """Row strides of a = x[:, :C] and b = x[:, C:] of an x [rows, 2C], and of da and db: a in
+        place (row stride 2C); b, which starts C elements into a row, in place where that start
+        is aligned, else copied (row stride C). The gradients: fresh contiguous buffers in the
+        pair form (C); in the fused form the halves of dx, as a and b of x."""
+        half = 2 * cols if cols * DTYPE_BYTES[dtype] % ALIGNMENT == 0 else cols
+        return (2 * cols, half, *((2 * cols, half) if fused else (cols, cols)))
+
     cols = matrix(tail_case.shape)[1]
-    halves = ((2 * cols, cols, 2 * cols if fused else cols), "halves of [rows, 2C]")
-    contiguous = ((cols, cols, cols), "contiguous")
-    layouts = (halves,) if fused else (contiguous, halves)
     jobs = []
     for dtype in spec.dtypes:
+        layouts = [(halves(cols, dtype), "halves of [rows, 2C]")]
+        if not fused:
+            layouts.insert(0, ((cols,) * 4, "contiguous"))
         jobs += jobs_for(cols, dtype, TESTED_SAVES, layouts, "")
     for shape in spec.bench.shapes:
-        c = shape.channels
-        bench_layout = ((2 * c, 2 * c, 2 * c), "fused") if fused else ((c, c, c), "contiguous")
-        jobs += jobs_for(c, spec.bench.dtype, (spec.saved.sigmoid == "save",), (bench_layout,),
-                         " (bench)")
+        c, dtype = shape.channels, spec.bench.dtype
+        bench_layout = (halves(c, dtype), "fused") if fused else ((c,) * 4, "contiguous")
+        jobs += jobs_for(c, dtype, (spec.saved.sigmoid == "save",), (bench_layout,), " (bench)")
     return distinct_jobs(jobs)
 
 

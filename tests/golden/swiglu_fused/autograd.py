@@ -104,7 +104,9 @@ def check_inputs(x):
 def as_matrix(t):
     """A non-empty t [..., C] as the [rows, C] matrix the kernels take, with a contiguous last
     dim: in place where its leading dims collapse to one row stride and it starts aligned (the
-    halves of a wider tensor, a slice of rows), else a contiguous copy."""
+    halves of a wider tensor, a slice of rows), else a contiguous copy. The kernels take its row
+    stride as a factory argument; one row comes out with the dense one, C, whatever the input's
+    (torch's view of a size-1 dim), so every single row takes one kernel."""
     cols = t.shape[-1]
     rows = t.numel() // cols
     try:
@@ -120,48 +122,38 @@ def as_matrix(t):
     return matrix
 
 
-def row_stride(matrix):
-    """The row stride the kernels take: cols for one row (its stride means nothing there)."""
-    rows, cols = matrix.shape
-    return cols if rows == 1 else matrix.stride(0)
-
-
-def run_forward(a, b, save_sigmoid):
-    """The forward kernel on a and b of one shape [..., C]: returns y (contiguous) and, with
-    save_sigmoid, sigmoid(a) in fp32 (else None)."""
-    # Direct writes: every element is written once.
-    y = a.new_empty(a.shape)
-    s = a.new_empty(a.shape, dtype=torch.float32) if save_sigmoid else None
-    if a.numel() == 0:
-        return y, s  # empty work builds and launches no kernel
-    a, b = as_matrix(a), as_matrix(b)
+def launch_forward(a, b, y, s):
+    """The fwd kernel into given buffers: a and b [rows, C] as from as_matrix or halves, y (their
+    dtype) and, unless None, s (fp32), contiguous, of rows x C elements."""
     rows, cols = a.shape
+    save_sigmoid = s is not None
+    # The kernel's arguments are the matrices' row strides as they are: the caller makes them
+    # the same at every row count (the KERNELS key: a new row count builds no kernel).
     fwd = kernel(
         swiglu_fused_fwd,
         cols,
-        row_stride(a),
-        row_stride(b),
+        a.stride(0),
+        b.stride(0),
         DTYPE_NAMES[a.dtype],
         save_sigmoid,
         **FWD_TILING,
     )
     outputs = (y, s) if save_sigmoid else (y,)
     fwd(a, b, *(t.view(rows, cols) for t in outputs))
-    return y, s
 
 
 def launch_backward(a, b, s, dy, da, db):
-    """The bwd kernel into given buffers: a and b as from as_matrix, s (fp32) and dy contiguous
-    [rows, C], da and db [rows, C] matrices with row strides of their own, aligned."""
+    """The bwd kernel into given buffers: a and b as from as_matrix or halves, s (fp32) and dy
+    contiguous [rows, C], da and db [rows, C] matrices with row strides of their own, aligned."""
     rows, cols = a.shape
     save_sigmoid = s is not None
     bwd = kernel(
         swiglu_fused_bwd,
         cols,
-        row_stride(a),
-        row_stride(b),
-        row_stride(da),
-        row_stride(db),
+        a.stride(0),
+        b.stride(0),
+        da.stride(0),
+        db.stride(0),
         DTYPE_NAMES[a.dtype],
         save_sigmoid,
         **BWD_TILING,
@@ -177,23 +169,10 @@ def _dense_dy(dy, a):
     return dy if dy.is_contiguous() and _aligned(dy) else _dense_copy(dy)
 
 
-def run_backward(a, b, s, dy):
-    """The backward of a pair a, b [..., C]: returns da and db (contiguous, the inputs' dtype)."""
-    if a.numel() == 0:
-        # Empty work builds and launches no kernel. Each gradient is a sum over no terms: zeros
-        # of its input's shape (empty where the input is).
-        return torch.zeros_like(a), torch.zeros_like(b)
-    da, db = a.new_empty(a.shape), b.new_empty(b.shape)
-    rows = a.numel() // a.shape[-1]
-    launch_backward(
-        as_matrix(a), as_matrix(b), s, _dense_dy(dy, a), da.view(rows, -1), db.view(rows, -1)
-    )
-    return da, db
-
-
 def halves(x):
     """a = x[..., :C] (the first half) and b = x[..., C:] of a non-empty x, as [rows, C]
-    matrices: views of x when it is aligned, b copied when its start is not."""
+    matrices: views of x when it is aligned (row stride 2C, one row included), b copied (row
+    stride C) when its start is not."""
     x = as_matrix(x)
     cols = x.shape[1] // 2
     a, b = x[:, :cols], x[:, cols:]
@@ -201,12 +180,18 @@ def halves(x):
 
 
 def run_fused_forward(x, save_sigmoid):
-    """y [..., C] and, with save_sigmoid, sigmoid(a) (else None) for x [..., 2C]."""
+    """y [..., C] (contiguous) and, with save_sigmoid, sigmoid(a) in fp32 (else None) for x
+    [..., 2C]."""
     shape = (*x.shape[:-1], x.shape[-1] // 2)
+    # Direct writes: every element is written once.
+    y = x.new_empty(shape)
+    s = x.new_empty(shape, dtype=torch.float32) if save_sigmoid else None
     if x.numel() == 0:
-        return run_forward(x.new_empty(shape), x.new_empty(shape), save_sigmoid)
-    y, s = run_forward(*halves(x), save_sigmoid)
-    return y.view(shape), None if s is None else s.view(shape)
+        return y, s  # empty work builds and launches no kernel
+    # The halves as they are (not through as_matrix again, which would give one row the row
+    # stride C): at every row count the same kernel.
+    launch_forward(*halves(x), y, s)
+    return y, s
 
 
 def run_fused_backward(x, s, dy):

@@ -25,7 +25,7 @@ def _sigmoid(x):
 
 def _matrix(rows, cols, stride, dtype):
     """A [rows, cols] matrix with row stride `stride` (elements) and a contiguous last dim: a
-    dense tensor where the stride is cols (the caller passes cols for a single row)."""
+    dense tensor where the stride is cols (as_matrix gives a single row that stride)."""
     if stride == cols:
         return T.Tensor([rows, cols], dtype)
     return T.StridedTensor([rows, cols], (stride, 1), dtype)
