@@ -168,6 +168,7 @@ def test_expected_files(rendered, spec, golden):
         [
             "__init__.py",
             "autograd.py",
+            "modules.py",
             "kernels.py",
             "reference.py",
             f"test_{op}.py",

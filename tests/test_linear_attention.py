@@ -212,7 +212,7 @@ def test_generate_is_deterministic(project):
     path = write(project, MINIMAL)
     first, second = generate(path), generate(path)
     assert first.files == second.files
-    assert set(first.files) == {"__init__.py", "kernels.py", "autograd.py", "reference.py",
+    assert set(first.files) == {"__init__.py", "kernels.py", "autograd.py", "modules.py", "reference.py",
                                 "test_x.py", "bench_x.py", "opgen-manifest.json", "spec.toml"}
     for text in first.files.values():
         assert str(project) not in text

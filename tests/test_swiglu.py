@@ -361,7 +361,7 @@ def test_generate_is_deterministic_and_compiles(project, text):
     path = write(project, text)
     first, second = generate(path), generate(path)
     assert first.files == second.files
-    assert sorted(first.files) == ["__init__.py", "autograd.py", "bench_x.py", "kernels.py",
+    assert sorted(first.files) == ["__init__.py", "autograd.py", "bench_x.py", "kernels.py", "modules.py",
                                    "opgen-manifest.json", "reference.py", "spec.toml", "test_x.py"]
     for name, source in first.files.items():
         if name.endswith(".py"):

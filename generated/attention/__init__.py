@@ -32,5 +32,6 @@ if tilelang.__version__.split(".")[:2] != TILELANG_VERSION.split(".")[:2]:
     )
 
 from .autograd import apply_op, attention
+from .modules import Attention
 
-__all__ = ["apply_op", "attention"]
+__all__ = ["apply_op", "attention", "Attention"]

@@ -35,5 +35,6 @@ if tilelang.__version__.split(".")[:2] != TILELANG_VERSION.split(".")[:2]:
     )
 
 from .autograd import apply_op, attention_sink
+from .modules import Attention
 
-__all__ = ["apply_op", "attention_sink"]
+__all__ = ["apply_op", "attention_sink", "Attention"]

@@ -33,5 +33,6 @@ if tilelang.__version__.split(".")[:2] != TILELANG_VERSION.split(".")[:2]:
     )
 
 from .autograd import apply_op, gqa
+from .modules import Attention
 
-__all__ = ["apply_op", "gqa"]
+__all__ = ["apply_op", "gqa", "Attention"]

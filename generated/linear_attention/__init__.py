@@ -31,5 +31,6 @@ if tilelang.__version__.split(".")[:2] != TILELANG_VERSION.split(".")[:2]:
     )
 
 from .autograd import apply_op, linear_attention
+from .modules import LinearAttention
 
-__all__ = ["apply_op", "linear_attention"]
+__all__ = ["apply_op", "linear_attention", "LinearAttention"]

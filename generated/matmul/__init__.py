@@ -31,5 +31,6 @@ if tilelang.__version__.split(".")[:2] != TILELANG_VERSION.split(".")[:2]:
     )
 
 from .autograd import apply_op, matmul
+from .modules import Linear
 
-__all__ = ["apply_op", "matmul"]
+__all__ = ["apply_op", "matmul", "Linear"]

@@ -30,5 +30,6 @@ if tilelang.__version__.split(".")[:2] != TILELANG_VERSION.split(".")[:2]:
     )
 
 from .autograd import apply_op, rmsnorm
+from .modules import RMSNorm
 
-__all__ = ["apply_op", "rmsnorm"]
+__all__ = ["apply_op", "rmsnorm", "RMSNorm"]

@@ -29,5 +29,6 @@ if tilelang.__version__.split(".")[:2] != TILELANG_VERSION.split(".")[:2]:
     )
 
 from .autograd import apply_op, scaled_silu
+from .modules import ScaledSiLU
 
-__all__ = ["apply_op", "scaled_silu"]
+__all__ = ["apply_op", "scaled_silu", "ScaledSiLU"]

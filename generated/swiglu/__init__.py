@@ -29,5 +29,6 @@ if tilelang.__version__.split(".")[:2] != TILELANG_VERSION.split(".")[:2]:
     )
 
 from .autograd import apply_op, swiglu
+from .modules import SwiGLU
 
-__all__ = ["apply_op", "swiglu"]
+__all__ = ["apply_op", "swiglu", "SwiGLU"]

@@ -15,6 +15,7 @@ OUTPUT_TEMPLATES = {
     "__init__.py": "__init__.py.jinja",
     "kernels.py": "kernels.py.jinja",
     "autograd.py": "autograd.py.jinja",
+    "modules.py": "modules.py.jinja",
     "reference.py": "reference.py.jinja",
     "test_{name}.py": "test_op.py.jinja",
     "bench_{name}.py": "bench_op.py.jinja",

@@ -28,5 +28,6 @@ if tilelang.__version__.split(".")[:2] != TILELANG_VERSION.split(".")[:2]:
     )
 
 from .autograd import apply_op, swiglu_fused
+from .modules import SwiGLU
 
-__all__ = ["apply_op", "swiglu_fused"]
+__all__ = ["apply_op", "swiglu_fused", "SwiGLU"]
