@@ -1,5 +1,6 @@
 """The scaled_silu family (opgen/families/scaled_silu.py): spec models, invalid specs through
-load_plan with their field paths, plan(), explain(), and deterministic rendering."""
+load_plan with their field paths, plan(), explain(), deterministic rendering, and the lowered CUDA
+of the kernels (symbolic dims, vector accesses, one dw atomic per block or channel)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, plan_from, spec_problems as problems, write_spec as write
+from conftest import (REPO_ROOT, import_generated, plan_from, spec_problems as problems,
+                      write_spec as write)
 
 from opgen.errors import OpgenError
 from opgen.families import FAMILIES, scaled_silu
@@ -176,9 +178,12 @@ def test_plan_kernels(project):
     assert all(k.out_idx is None for k in p.kernels.values())
     # A scalar weight views x as one row: 1 x block tiles.
     assert p.kernels["bwd"].tiling == {"block_rows": 1, "block_cols": 8192, "threads": 256}
+    assert p.kernels["bwd"].grid == "(ceildiv(cols, block_cols),)"
     c = plan_of(project, CHANNEL)
     assert c.kernels["fwd"].tiling == {"block_rows": 16, "block_cols": 256, "threads": 256}
     assert c.kernels["bwd"].tiling == {"block_rows": 32, "block_cols": 256, "threads": 256}
+    # One grid dim: the row blocks are not bounded by a second dim's 65535.
+    assert c.kernels["bwd"].grid == "(ceildiv(rows, block_rows) * ceildiv(cols, block_cols),)"
 
 
 @pytest.mark.parametrize("dw, alloc, tested", [("atomic", "torch.zeros", ("atomic", "split")),
@@ -209,9 +214,21 @@ def test_plan_weight_expressions(project):
     s = plan_of(project)
     assert (s.weight, s.cols_expr, s.weight_shape_expr, s.weight_dtype_expr) == (
         "scalar", "x.numel()", "((), (1,))", "torch.float32")
+    # The element count is the symbol; no dim is a factory argument.
+    assert (s.channels_expr, s.symbolic_expr, s.symbolic_doc) == ("None", "cols", "element counts")
     c = plan_of(project, CHANNEL + 'weight_dtype = "input"\n')
     assert (c.weight, c.cols_expr, c.weight_shape_expr, c.weight_dtype_expr) == (
         "channel", "x.shape[-1]", "((x.shape[-1],),)", "x.dtype")
+    assert (c.channels_expr, c.symbolic_expr, c.symbolic_doc) == ("cols", "rows", "row counts")
+
+
+def test_int32_extent_leaves_a_block_of_headroom(project):
+    """ceildiv and the tile bounds add up to a block to the symbolic dim: the longest int32 one
+    is 2^31 - 1 less the largest block along it (cols: 8192 of bwd; rows: its 32-row tiles)."""
+    assert plan_of(project).int32_extent == 2**31 - 1 - 8192
+    assert plan_of(project, CHANNEL).int32_extent == 2**31 - 1 - 32
+    wide_fwd = plan_of(project, MINIMAL + "[tiling.fwd]\nblock = 65536\n")
+    assert wide_fwd.int32_extent == 2**31 - 1 - 65536
 
 
 def test_tile_and_matrix():
@@ -234,21 +251,31 @@ def test_plan_test_cases_and_tail_case(project):
 def test_plan_compile_jobs(project):
     p = plan_of(project)
     labels = [j.label for j in p.compile_jobs]
-    # Per dtype: fwd x {recompute, save}, bwd x {recompute, save} x {atomic, split}; + the bench pair.
+    # Per dtype: fwd x {recompute, save}, bwd x {recompute, save} x {atomic, split}; + the spec's
+    # pair with int64 dims. The element count is symbolic: the bench pair is the tests' pair.
     assert len(labels) == 2 * (2 + 4) + 2
-    assert "bwd bfloat16 1x231000 sigmoid=save dw=split" in labels
-    assert labels[-2:] == ["fwd float16 1x67108864 sigmoid=recompute (bench)",
-                           "bwd float16 1x67108864 sigmoid=recompute dw=atomic (bench)"]
+    assert "bwd bfloat16 sigmoid=save dw=split" in labels
+    assert not any("bench" in label for label in labels)
+    assert labels[-2:] == ["fwd float16 sigmoid=recompute (int64 dims)",
+                           "bwd float16 sigmoid=recompute dw=atomic (int64 dims)"]
     fwd = p.compile_jobs[0]
-    assert fwd.factory == "x_fwd" and fwd.args == (1, 231000, "scalar", "float16", "float32", False)
+    assert fwd.factory == "x_fwd" and fwd.args == ("scalar", None, "int32", "float16", "float32", False)
     assert fwd.tiling == p.kernels["fwd"].tiling
     bwd = p.compile_jobs[1]
-    assert bwd.args == (1, 231000, "scalar", "float16", "float32", False, "atomic")
+    assert bwd.args == ("scalar", None, "int32", "float16", "float32", False, "atomic")
+    assert p.compile_jobs[-1].args == ("scalar", None, "int64", "float16", "float32", False, "atomic")
     split_only = plan_of(project, CHANNEL + 'weight_dtype = "input"\n[grads.dw]\nreduction = "split"\n')
     jobs = split_only.compile_jobs
-    assert len(jobs) == 2 * (2 + 2) + 2
+    # A channel weight's variant is its C: the tail shape's 77, the benchmark's 8192.
+    assert len(jobs) == 2 * (2 + 2) + 2 + 2
     assert all("dw=atomic" not in j.label for j in jobs)
-    assert jobs[1].args == (3000, 77, "channel", "float16", "float16", False, "split")
+    assert jobs[1].args == ("channel", 77, "int32", "float16", "float16", False, "split")
+    assert [j.label for j in jobs[-4:]] == [
+        "fwd float16 C=8192 sigmoid=recompute (bench)",
+        "bwd float16 C=8192 sigmoid=recompute dw=split (bench)",
+        "fwd float16 C=77 sigmoid=recompute (int64 dims)",
+        "bwd float16 C=77 sigmoid=recompute dw=split (int64 dims)",
+    ]
 
 
 def test_plan_bench_bytes(project):
@@ -263,19 +290,29 @@ def test_plan_bench_bytes(project):
 
 def test_explain_tables(project):
     p = plan_of(project)
-    tables = dict(explain(p, {"rows": 8192, "channels": 8192, "dtype": "float16"}))
+    titled = explain(p, {"rows": 8192, "channels": 8192, "dtype": "float16"})
+    assert titled[0][0].endswith("kernels see [1, 67108864], cols symbolic, int32)")
+    tables = dict(titled)
     assert set(tables) >= {"kernels", "saved for backward", "gradient reductions"}
     kernels = tables["kernels"]
     assert kernels[0] == ["factory", "phase", "grid", "tiling", "computes"]
-    assert kernels[1][2].endswith("= (16384, 1)") and kernels[2][2].endswith("= (8192, 1)")
+    assert kernels[1][2].endswith("= (16384,)") and kernels[2][2].endswith("= (8192,)")
     dw = tables["gradient reductions"][2]
     assert dw[:2] == ["dw", "atomic"] and dw[4] == "8192 (8192 per address)"
     c = plan_of(project, CHANNEL + '[grads.dw]\nreduction = "split"\n[saved]\nsigmoid = "save"\n')
-    tables = dict(explain(c, {"rows": 8192, "channels": 8192, "dtype": "bfloat16"}))
-    assert tables["kernels"][2][2].endswith("= (32, 256)")
+    titled = explain(c, {"rows": 8192, "channels": 8192, "dtype": "bfloat16"})
+    assert titled[0][0].endswith("kernels see [8192, 8192], rows symbolic, int32)")
+    tables = dict(titled)
+    assert tables["kernels"][2][2].endswith("= (8192,)")  # 256 row blocks x 32 column blocks
     assert tables["gradient reductions"][2][3] == "8.0 MiB"  # 256 row blocks x 8192 fp32 partials
     saved = {row[0]: row[1] for row in tables["saved for backward"][1:]}
     assert saved["sigmoid"] == "256.0 MiB"  # fp32
+
+
+def test_explain_names_the_int64_variant_of_a_long_view(project):
+    p = plan_of(project)
+    (title, _), *_ = explain(p, {"rows": 65536, "channels": 32768, "dtype": "float16"})
+    assert title.endswith("kernels see [1, 2147483648], cols symbolic, int64)")
 
 
 def test_explain_rejects_impossible_shapes(project):
@@ -324,43 +361,216 @@ def test_scaffold_matches_the_defaults(project):
     assert math.prod(spec.test.shapes[1]) % DEFAULT_TILING["fwd"].block
 
 
-# --- the real lowering: one atomic per block ------------------------------------------------------
+# --- the committed package: one kernel per variant ------------------------------------------
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """generated/scaled_silu/autograd with an empty KERNELS and its factories replaced by
+    recorders: (autograd, {factory: [build args]}, [shapes of the launched buffers])."""
+    autograd = import_generated("scaled_silu", "autograd")
+    builds, launches = {}, []
+
+    class Compiled:
+        adapter = None  # not a tvm_ffi kernel: entry_point keeps the object
+
+        def __call__(self, *buffers):
+            launches.append(tuple(tuple(t.shape) for t in buffers))
+
+    def recorder(name):
+        def factory(*args, **tiling):
+            builds.setdefault(name, []).append(args)
+            return Compiled()
+
+        return factory
+
+    monkeypatch.setattr(autograd, "KERNELS", {})
+    for name in ("scaled_silu_fwd", "scaled_silu_bwd"):
+        monkeypatch.setattr(autograd, name, recorder(name))
+    return autograd, builds, launches
+
+
+def _forward_and_backward(autograd, shape):
+    import torch
+
+    x = torch.randn(shape).to(torch.float16)
+    w = torch.ones((), dtype=torch.float32)
+    autograd.run_forward(x, w, False)
+    autograd.launch_backward(x, None, w, torch.randn_like(x), torch.empty_like(x),
+                             autograd.alloc_dw(x, "split"), "split")
+
+
+def test_one_kernel_per_variant_serves_every_shape(recorded):
+    """The shipped (scalar weight) package builds its kernels from the variant alone: x of any
+    shape, odd sizes included, launches the same two kernels on its [1, x.numel()] view."""
+    autograd, builds, launches = recorded
+    shapes = [(3, 1000, 77), (4097,), (64, 1024), (1,), (5, 5, 5)]
+    for shape in shapes:
+        _forward_and_backward(autograd, shape)
+    assert builds == {
+        "scaled_silu_fwd": [("scalar", None, "int32", "float16", "float32", False)],
+        "scaled_silu_bwd": [("scalar", None, "int32", "float16", "float32", False, "split")],
+    }
+    assert len(autograd.KERNELS) == 2
+    # x, w, y, then x, w, dy, dx and the [column blocks] split partials.
+    assert launches[-2:] == [((1, 125), (1,), (1, 125)), ((1, 125), (1,), (1, 125), (1, 125), (1,))]
+
+
+def test_a_view_past_the_int32_extent_takes_the_int64_kernels(recorded, monkeypatch):
+    autograd, builds, _ = recorded
+    kernels = import_generated("scaled_silu", "kernels")
+    assert kernels.dim_dtype(kernels.INT32_EXTENT) == "int32"
+    assert kernels.dim_dtype(kernels.INT32_EXTENT + 1) == "int64"
+    monkeypatch.setattr(kernels, "INT32_EXTENT", 4096)
+    for shape in ((4096,), (4097,), (4096,)):
+        _forward_and_backward(autograd, shape)
+    assert [args[2] for args in builds["scaled_silu_fwd"]] == ["int32", "int64"]
+    assert [args[2] for args in builds["scaled_silu_bwd"]] == ["int32", "int64"]
+
+
+# --- the real lowering: symbolic dims, vector accesses, one atomic per block -----------------
 
 
 def _kernel_body(source: str) -> str:
     return source[source.index("__global__ void __launch_bounds__"):]
 
 
-@pytest.mark.compile
-def test_dw_atomics_one_per_block_or_channel(project, monkeypatch):
-    """Lower the atomic bwd kernels for sm_90a (TileLang + nvcc, on the CPU) and read the CUDA: a
-    scalar weight issues exactly one guarded fp32 atomic per block, a channel weight one per
-    channel of the tile, guarded against the tail channels."""
+def _lower(factory, job) -> str:
+    """The CUDA source of a job's kernel, lowered by TileLang for sm_90a with the factory's pass
+    configs (the lowering the compile check runs, without nvcc)."""
+    import tilelang
+    from tvm import transform
+    from tvm.target import Target
+
+    target = {"kind": "cuda", "arch": "sm_90a"}
+    func = factory.get_tir(*job.args, **job.tiling)
+    with transform.PassContext(opt_level=3, config=factory.pass_configs), Target(target):
+        return _kernel_body(tilelang.lower(func, target=target).kernel_source)
+
+
+# The kernels read, by spec and job label: the default (scalar) spec, and a channel spec whose
+# tail shape has C = 77 (no vector access fits a row) and whose benchmark has C = 8192.
+LOWERED = {
+    "s": ["fwd float16 sigmoid=recompute", "fwd float16 sigmoid=save",
+          "bwd float16 sigmoid=recompute dw=atomic", "bwd float16 sigmoid=recompute dw=split",
+          "fwd float16 sigmoid=recompute (int64 dims)"],
+    "c": ["bwd float16 C=77 sigmoid=recompute dw=atomic", "bwd float16 C=77 sigmoid=recompute dw=split",
+          "fwd float16 C=8192 sigmoid=recompute (bench)",
+          "bwd float16 C=8192 sigmoid=recompute dw=atomic (bench)"],
+}
+
+
+@pytest.fixture(scope="module")
+def lowered(tmp_path_factory):
+    """{(spec, job label): kernel source} of LOWERED."""
     import importlib.util
+    import os
 
     from opgen.output import write as write_package
 
-    monkeypatch.setenv("TILELANG_DEFAULT_TARGET", '{"kind": "cuda", "arch": "sm_90a"}')
-    sources = {}
-    for name, text in (("s", MINIMAL.replace('"x"', '"s"')), ("c", CHANNEL.replace('"x"', '"c"'))):
-        gen = generate(write(project, text, name=name))
-        write_package(gen, project)
-        path = project / gen.out_dir / "kernels.py"
-        spec = importlib.util.spec_from_file_location(f"_silu_{name}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        (job,) = [j for j in gen.plan.compile_jobs if j.label.startswith("bwd float16")
-                  and "sigmoid=recompute dw=atomic" in j.label and "bench" not in j.label]
-        kernel = getattr(module, job.factory)(*job.args, **job.tiling)
-        sources[name] = _kernel_body(kernel.get_kernel_source())
+    root = tmp_path_factory.mktemp("scaled_silu")
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        sources = {}
+        for name, text in (("s", MINIMAL), ("c", CHANNEL)):
+            gen = generate(write(root, text.replace('"x"', f'"{name}"'), name=name))
+            write_package(gen, root)
+            path = root / gen.out_dir / "kernels.py"
+            spec = importlib.util.spec_from_file_location(f"_silu_lowered_{name}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            jobs = {job.label: job for job in gen.plan.compile_jobs}
+            for label in LOWERED[name]:
+                sources[name, label] = _lower(getattr(module, jobs[label].factory), jobs[label])
+        return sources
+    finally:
+        os.chdir(cwd)
 
+
+def _params(source: str) -> str:
+    """The kernel's parameter list."""
+    start = source.index("_kernel(") + len("_kernel(")
+    return source[start:source.index(")", start)]
+
+
+@pytest.mark.compile
+@pytest.mark.xdist_group("scaled_silu_compile")
+def test_runtime_dims_are_kernel_parameters(lowered):
+    """The element count (scalar weight) or the row count (channel weight) is a parameter of the
+    kernel, bound at each call, never a constant of it; so is the count of split partials."""
+    fwd = lowered["s", "fwd float16 sigmoid=recompute"]
+    assert _params(fwd).endswith("half_t* __restrict__ Y, int cols"), _params(fwd)
+    assert _params(lowered["s", "fwd float16 sigmoid=recompute (int64 dims)"]).endswith("int64_t cols")
+    assert _params(lowered["s", "bwd float16 sigmoid=recompute dw=split"]).endswith("int col_blocks, int cols")
+    assert _params(lowered["s", "bwd float16 sigmoid=recompute dw=atomic"]).endswith("dY, int cols")
+    assert _params(lowered["c", "bwd float16 C=77 sigmoid=recompute dw=split"]).endswith(
+        "int row_blocks, int rows")
+    assert _params(lowered["c", "fwd float16 C=8192 sigmoid=recompute (bench)"]).endswith("int rows")
+    # One grid dim: the row blocks are not limited to a second dim's 65535.
+    for key, source in lowered.items():
+        assert "blockIdx.y" not in source, key
+
+
+@pytest.mark.compile
+@pytest.mark.xdist_group("scaled_silu_compile")
+def test_full_tiles_load_and_store_vectors(lowered):
+    """Note [full tiles unguarded]: a whole tile takes a branch without per-element guards, whose
+    global accesses are vectors (16 bytes of fp16 for the scalar fwd; 4 elements where the loop
+    also holds an fp32 tensor, as the static kernels did); only the tail tile tests each element
+    against the symbolic count."""
+    fwd = lowered["s", "fwd float16 sigmoid=recompute"]
+    full = fwd.index("if (((((int)blockIdx.x) * 4096) + 4096) <= cols) {")
+    tail = fwd.index("} else {", full)
+    for access in ("*(uint4*)(X + ", "*(uint4*)(Y + "):
+        assert full < fwd.index(access) < tail, fwd
+    assert re.search(r"< cols\) \{\s*Y\[", fwd[tail:]), fwd  # per element, guarded
+    saved = lowered["s", "fwd float16 sigmoid=save"]
+    for access in ("*(uint2*)(X + ", "*(uint2*)(Y + ", "*(float4*)(S + "):
+        assert access in saved, saved
+    bwd = lowered["s", "bwd float16 sigmoid=recompute dw=atomic"]
+    assert "if (((((int)blockIdx.x) * 8192) + 8192) <= cols) {" in bwd, bwd
+    for access in ("*(uint2*)(X + ", "*(uint2*)(dY + ", "*(uint2*)(dX + "):
+        assert access in bwd, bwd
+    # A channel weight: C = 8192 is static, so even the tail tile (rows past the end) keeps
+    # vectors; its guard is per row.
+    for label, accesses in (("fwd float16 C=8192 sigmoid=recompute (bench)", ("X", "Y")),
+                            ("bwd float16 C=8192 sigmoid=recompute dw=atomic (bench)", ("X", "dY", "dX"))):
+        source = lowered["c", label]
+        assert "if ((((((int)blockIdx.x) >> 5) *" in source, source  # 32 column blocks of 256
+        for name in accesses:
+            assert f"*(uint2*)({name} + " in source, source
+            assert not re.search(rf"(?<![\w*(]){name}\[", source), source  # no scalar access
+
+
+@pytest.mark.compile
+@pytest.mark.xdist_group("scaled_silu_compile")
+def test_dw_atomics_one_per_block_or_channel(lowered):
+    """The atomic bwd kernels: a scalar weight issues exactly one guarded fp32 atomic per block,
+    a channel weight one per channel of the tile, guarded against the tail channels."""
     # The add sits inside the guard's block: no closing brace between them.
-    scalar = sources["s"]
+    scalar = lowered["s", "bwd float16 sigmoid=recompute dw=atomic"]
     assert scalar.count("AtomicAdd") == 1, scalar
     guarded = r"if \(\(\(int\)threadIdx\.x\) == 0\) \{[^}]*AtomicAdd\(\(&\(dW\[0\]\)\)"
     assert re.search(guarded, scalar), scalar
-    # One add statement, each thread adding the channels it owns after the reduction; the 3000 x 77
-    # test view with 32 x 256 tiles leaves 179 tail channels out.
-    channel = sources["c"]
+    # One add statement, each thread adding the channels it owns after the reduction; C = 77
+    # with 32 x 256 tiles leaves 179 tail channels out.
+    channel = lowered["c", "bwd float16 C=77 sigmoid=recompute dw=atomic"]
     assert channel.count("AtomicAdd") == 1, channel
     assert re.search(r"if \(\(\(int\)threadIdx\.x\) < 77\) \{[^}]*AtomicAdd", channel), channel
+
+
+@pytest.mark.compile
+@pytest.mark.xdist_group("scaled_silu_compile")
+def test_dw_split_stores_one_partial_per_block_or_channel(lowered):
+    """Block b writes partial b; the store is also checked against the buffer's own symbol (TileLang
+    cannot prove b < col_blocks, a symbol of its own), once per block."""
+    scalar = lowered["s", "bwd float16 sigmoid=recompute dw=split"]
+    assert "AtomicAdd" not in scalar, scalar
+    assert re.search(r"if \(\(\(int\)threadIdx\.x\) == 0\) \{[^}]*if \(\(\(int\)blockIdx\.x\) < col_blocks\) "
+                     r"\{\s*dW\[\(\(int64_t\)\(\(int\)blockIdx\.x\)\)\] = ", scalar), scalar
+    channel = lowered["c", "bwd float16 C=77 sigmoid=recompute dw=split"]
+    assert "AtomicAdd" not in channel, channel
+    # Row block blockIdx.x (one column block: C = 77 < 256) writes its row of [row blocks, 77].
+    assert re.search(r"< 77\) \{\s*if \(\(\(int\)blockIdx\.x\) < row_blocks\) \{\s*"
+                     r"dW\[[^\]]*blockIdx\.x\)+ \* \(int64_t\)77\)", channel), channel

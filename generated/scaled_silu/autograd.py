@@ -10,6 +10,7 @@ from .kernels import (
     BWD_TILING,
     scaled_silu_fwd,
     scaled_silu_bwd,
+    dim_dtype,
     dw_buffer,
 )
 from .reference import scaled_silu_reference
@@ -89,9 +90,9 @@ def run_forward(x, w, save_sigmoid):
     rows, cols = matrix_dims(x)
     fwd = kernel(
         scaled_silu_fwd,
-        rows,
-        cols,
         WEIGHT,
+        None,
+        dim_dtype(cols),
         DTYPE_NAMES[x.dtype],
         DTYPE_NAMES[w.dtype],
         save_sigmoid,
@@ -163,9 +164,9 @@ def launch_backward(x, s, w, dy, dx, dw_out, reduction):
     save_sigmoid = s is not None
     bwd = kernel(
         scaled_silu_bwd,
-        rows,
-        cols,
         WEIGHT,
+        None,
+        dim_dtype(cols),
         DTYPE_NAMES[x.dtype],
         DTYPE_NAMES[w.dtype],
         save_sigmoid,

@@ -3,10 +3,17 @@
 """TileLang kernels of `scaled_silu`: y = w * silu(x), one @tilelang.jit factory per phase.
 
 The kernels take x as a [rows, cols] matrix: with a scalar weight one row of every element
-(rows = 1), with a channel weight [x.numel() // C, C]. Shapes, the weight kind, dtypes, whether
-sigmoid(x) is saved, the dw reduction and the tiling are factory arguments, so one module serves
-every runtime shape and variant; TileLang compiles and caches one kernel per argument set. Every
-element access is guarded against the tail blocks; sigmoid and every sum run in fp32."""
+(rows = 1, cols = x.numel(), symbolic), with a channel weight [x.numel() // C, C] (rows symbolic,
+C a factory argument). The weight kind, C, the symbol's dtype (dim_dtype), dtypes, whether
+sigmoid(x) is saved, the dw reduction and the tiling are factory arguments; the element count
+(scalar) or row count (channel) is bound from x at each call, so one compiled kernel per variant
+serves every shape. Sigmoid and every sum run in fp32.
+
+Note [full tiles unguarded]: a tile that lies wholly inside the view runs without a per-element
+guard; only the tail tiles test each element. The branch is uniform across the block. A guard on
+a symbolic dim cannot be proven to hold for a whole vector of elements, so a guarded loop would
+load and store one element at a time; the unguarded one gets vector accesses (with int32 dims:
+16 bytes where the loop has no fp32 tensor, else four elements; see INT32_EXTENT)."""
 
 import tilelang
 import tilelang.language as T
@@ -18,12 +25,33 @@ FWD_TILING = {"block_rows": 1, "block_cols": 4096, "threads": 256}
 BWD_TILING = {"block_rows": 1, "block_cols": 8192, "threads": 256}
 
 
+# The longest symbolic dim (cols with a scalar weight, rows with a channel weight) an int32
+# symbol takes: ceildiv and the tile bounds add up to a block to it. A longer view takes the
+# kernels' int64 variant, whose loops with an fp32 tensor TileLang vectorises half as wide.
+INT32_EXTENT = 2147475455
+
+
+def dim_dtype(extent):
+    """The dtype of the symbolic dim, for a view `extent` long along it."""
+    return "int32" if extent <= INT32_EXTENT else "int64"
+
+
 def _weight_shape(weight, cols):
     return [1] if weight == "scalar" else [cols]
 
 
+def _view(weight, channels, dims):
+    """(rows, cols) of the [rows, cols] view of x in a kernel: one row of a symbolic element
+    count (scalar weight), or symbolic rows of `channels` (C) columns (channel weight). The
+    symbol has dtype `dims` (see dim_dtype)."""
+    if weight == "scalar":
+        return 1, T.dynamic("cols", dims)
+    return T.dynamic("rows", dims), channels
+
+
 def dw_buffer(weight, reduction, rows, cols, block_rows, block_cols):
-    """Shape of the fp32 dw buffer the bwd kernel writes (its dtype is always float32).
+    """Shape of the fp32 dw buffer the bwd kernel writes for a [rows, cols] view (its dtype is
+    always float32).
 
     atomic: dw itself, [1] or [cols], zeroed first; each block adds its sum once per address.
     split: one partial per block, written once: [column blocks] for a scalar weight, [row blocks,
@@ -36,10 +64,43 @@ def dw_buffer(weight, reduction, rows, cols, block_rows, block_cols):
     return [-(-rows // block_rows), cols]
 
 
+def _dw_param_shape(weight, reduction, cols):
+    """dw_buffer's shape as the bwd kernel declares it. The number of split partials,
+    ceildiv(cols or rows, block), is a symbol of its own (TVM binds symbols from plain dims only).
+    """
+    if reduction == "atomic":
+        return _weight_shape(weight, cols)
+    if weight == "scalar":
+        return [T.dynamic("col_blocks")]
+    return [T.dynamic("row_blocks"), cols]
+
+
 def _check_tile(weight, block_rows):
     # A scalar weight views x as one row; its in-block reduction sums that one row of the tile.
     if weight == "scalar" and block_rows != 1:
         raise ValueError(f"a scalar weight needs block_rows = 1 (got {block_rows})")
+
+
+def _grid(weight, rows, cols, block_rows, block_cols):
+    """The number of blocks of the 1-D grid: one per [block_rows, block_cols] tile. One dim, not
+    (column blocks, row blocks): a grid's second dim stops at 65535 blocks, and the row blocks of
+    a channel weight are unbounded."""
+    if weight == "scalar":
+        return T.ceildiv(cols, block_cols)
+    return T.ceildiv(rows, block_rows) * -(-cols // block_cols)
+
+
+def _tile(weight, b, cols, block_cols):
+    """(bx, by): the column and row block of grid block b, column blocks fastest."""
+    if weight == "scalar":
+        return b, 0
+    col_blocks = -(-cols // block_cols)  # C is static: a division by a constant
+    return b % col_blocks, b // col_blocks
+
+
+def _full_tile(bx, by, rows, cols, block_rows, block_cols):
+    """Whether tile (bx, by) lies wholly inside the [rows, cols] view (Note [full tiles unguarded])."""
+    return T.And((bx + 1) * block_cols <= cols, (by + 1) * block_rows <= rows)
 
 
 def _sigmoid(x):
@@ -48,21 +109,30 @@ def _sigmoid(x):
 
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
 def scaled_silu_fwd(
-    rows, cols, weight, dtype, w_dtype, save_sigmoid, block_rows, block_cols, threads
+    weight, channels, dims, dtype, w_dtype, save_sigmoid, block_rows, block_cols, threads
 ):
-    """y = w * x * sigmoid(x) in fp32 (and fp32 sigmoid(x) when saved). Grid (ceildiv(cols, block_cols), ceildiv(rows, block_rows)).
+    """y = w * x * sigmoid(x) in fp32 (and fp32 sigmoid(x) when saved). Grid (ceildiv(cols, block_cols),).
 
+    channels: C with a channel weight, None with a scalar weight; dims: the symbol's dtype (see _view).
     No out_idx: Y (and S = sigmoid(x) in fp32, with save_sigmoid) are passed in, written once each.
     S stays fp32 so that the backward from it is as exact as the one that recomputes it.
     """
     _check_tile(weight, block_rows)
+    rows, cols = _view(weight, channels, dims)
     shape = [rows, cols]
 
     @T.macro
+    def element(X, Y, S, w, r, c):
+        x = T.cast(X[r, c], ACCUM)
+        s = _sigmoid(x)
+        Y[r, c] = T.cast(w * x * s, dtype)
+        if save_sigmoid:
+            S[r, c] = s
+
+    @T.macro
     def body(X, W, Y, S):
-        with T.Kernel(
-            T.ceildiv(cols, block_cols), T.ceildiv(rows, block_rows), threads=threads
-        ) as (bx, by):
+        with T.Kernel(_grid(weight, rows, cols, block_rows, block_cols), threads=threads) as b:
+            bx, by = _tile(weight, b, cols, block_cols)
             # w read once per block, in fp32: a register, or the block's channels in shared.
             if weight == "scalar":
                 w = T.alloc_var(ACCUM)
@@ -73,15 +143,22 @@ def scaled_silu_fwd(
                     w_tile[j] = T.if_then_else(
                         bx * block_cols + j < cols, T.cast(W[bx * block_cols + j], ACCUM), 0
                     )
-            for i, j in T.Parallel(block_rows, block_cols):
-                r = by * block_rows + i
-                c = bx * block_cols + j
-                if T.And(r < rows, c < cols):
-                    x = T.cast(X[r, c], ACCUM)
-                    s = _sigmoid(x)
-                    Y[r, c] = T.cast((w if weight == "scalar" else w_tile[j]) * x * s, dtype)
-                    if save_sigmoid:
-                        S[r, c] = s
+            if _full_tile(bx, by, rows, cols, block_rows, block_cols):
+                for i, j in T.Parallel(block_rows, block_cols):
+                    element(
+                        X,
+                        Y,
+                        S,
+                        w if weight == "scalar" else w_tile[j],
+                        by * block_rows + i,
+                        bx * block_cols + j,
+                    )
+            else:
+                for i, j in T.Parallel(block_rows, block_cols):
+                    r = by * block_rows + i
+                    c = bx * block_cols + j
+                    if T.And(r < rows, c < cols):
+                        element(X, Y, S, w if weight == "scalar" else w_tile[j], r, c)
 
     if save_sigmoid:
 
@@ -109,23 +186,37 @@ def scaled_silu_fwd(
 
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
 def scaled_silu_bwd(
-    rows, cols, weight, dtype, w_dtype, save_sigmoid, reduction, block_rows, block_cols, threads
+    weight, channels, dims, dtype, w_dtype, save_sigmoid, reduction, block_rows, block_cols, threads
 ):
-    """dx = dy * w * s * (1 + x * (1 - s)), s = sigmoid(x); dw: the block's fp32 sum of dy * silu(x), one atomic add or partial per block. Grid (ceildiv(cols, block_cols), ceildiv(rows, block_rows)).
+    """dx = dy * w * s * (1 + x * (1 - s)), s = sigmoid(x); dw: the block's fp32 sum of dy * silu(x), one atomic add or partial per block. Grid (ceildiv(cols, block_cols),).
 
+    channels: C with a channel weight, None with a scalar weight; dims: the symbol's dtype (see _view).
     No out_idx: dX (written once per element) and dW (the fp32 buffer of `dw_buffer`: zeroed for
     atomic) are passed in. S = sigmoid(x) (fp32) is an input with save_sigmoid, else recomputed.
     """
     _check_tile(weight, block_rows)
+    rows, cols = _view(weight, channels, dims)
     shape = [rows, cols]
     # The block's dw sums: one for a scalar weight, one per channel of the tile otherwise.
     sums = 1 if weight == "scalar" else block_cols
 
     @T.macro
+    def element(X, S, dY, dX, terms, w, r, c, i, j):
+        x = T.cast(X[r, c], ACCUM)
+        if save_sigmoid:
+            s = S[r, c]
+        else:
+            s = _sigmoid(x)
+        dy = T.cast(dY[r, c], ACCUM)
+        silu = x * s
+        # d(w * x * s)/dx = w * (s + x * s * (1 - s))
+        dX[r, c] = T.cast(dy * w * (s + silu * (1.0 - s)), dtype)
+        terms[i, j] = dy * silu
+
+    @T.macro
     def body(X, S, W, dY, dX, dW):
-        with T.Kernel(
-            T.ceildiv(cols, block_cols), T.ceildiv(rows, block_rows), threads=threads
-        ) as (bx, by):
+        with T.Kernel(_grid(weight, rows, cols, block_rows, block_cols), threads=threads) as b:
+            bx, by = _tile(weight, b, cols, block_cols)
             terms = T.alloc_fragment([block_rows, block_cols], ACCUM)
             block_sum = T.alloc_fragment([sums], ACCUM)
             # The reduced fragment is replicated across threads; one copy in shared memory is what
@@ -140,24 +231,29 @@ def scaled_silu_bwd(
                     w_tile[j] = T.if_then_else(
                         bx * block_cols + j < cols, T.cast(W[bx * block_cols + j], ACCUM), 0
                     )
-            for i, j in T.Parallel(block_rows, block_cols):
-                r = by * block_rows + i
-                c = bx * block_cols + j
-                terms[i, j] = 0  # tail elements add nothing to dw
-                if T.And(r < rows, c < cols):
-                    x = T.cast(X[r, c], ACCUM)
-                    if save_sigmoid:
-                        s = S[r, c]
-                    else:
-                        s = _sigmoid(x)
-                    dy = T.cast(dY[r, c], ACCUM)
-                    silu = x * s
-                    # d(w * x * s)/dx = w * (s + x * s * (1 - s))
-                    dX[r, c] = T.cast(
-                        dy * (w if weight == "scalar" else w_tile[j]) * (s + silu * (1.0 - s)),
-                        dtype,
+            if _full_tile(bx, by, rows, cols, block_rows, block_cols):
+                for i, j in T.Parallel(block_rows, block_cols):
+                    element(
+                        X,
+                        S,
+                        dY,
+                        dX,
+                        terms,
+                        w if weight == "scalar" else w_tile[j],
+                        by * block_rows + i,
+                        bx * block_cols + j,
+                        i,
+                        j,
                     )
-                    terms[i, j] = dy * silu
+            else:
+                for i, j in T.Parallel(block_rows, block_cols):
+                    r = by * block_rows + i
+                    c = bx * block_cols + j
+                    terms[i, j] = 0  # tail elements add nothing to dw
+                    if T.And(r < rows, c < cols):
+                        element(
+                            X, S, dY, dX, terms, w if weight == "scalar" else w_tile[j], r, c, i, j
+                        )
             if weight == "scalar":
                 T.reduce_sum(terms, block_sum, dim=1)
                 T.copy(block_sum, block_sum_shared)
@@ -178,7 +274,7 @@ def scaled_silu_bwd(
                         else:
                             dW[by, bx * block_cols + j] = block_sum_shared[j]
 
-    dw_shape = dw_buffer(weight, reduction, rows, cols, block_rows, block_cols)
+    dw_shape = _dw_param_shape(weight, reduction, cols)
     if save_sigmoid:
 
         @T.prim_func

@@ -268,6 +268,30 @@ def test_comparison_catches_broken_gradients():
         assert_catches_broken(f"d{name}", got[name], ref[name], dtype)
 
 
+@requires_cuda
+@pytest.mark.parametrize("save_sigmoid", SIGMOID)
+def test_int64_dims_match_int32(monkeypatch, save_sigmoid):
+    """A view longer than the kernels' INT32_EXTENT along its symbolic dim takes their int64
+    variant. Forced on the tail shape, it gives the int32 kernels' y, sigmoid(x) and dx bitwise,
+    and their dw within tolerance (its in-block sums may add in another order)."""
+    dtype = DTYPES[0]
+    inputs, dy = make_inputs(TAIL_SHAPE, dtype)
+    x, w = (t.detach() for t in inputs.values())
+
+    def run():
+        y, s = run_forward(x, w, save_sigmoid)
+        return (y, s, *run_backward(x, s, w, dy, "split"))
+
+    narrow = run()
+    monkeypatch.setattr(autograd, "dim_dtype", lambda extent: "int64")
+    wide = run()
+    assert any("int64" in args for _, args, _ in autograd.KERNELS), "no int64 kernel was built"
+    for label, a, b in zip(("y", "sigmoid", "dx"), wide, narrow):
+        if a is not None:
+            assert torch.equal(a, b), f"{label} differs between the int64 and int32 kernels"
+    assert_close("dw int64 vs int32", wide[3], narrow[3], dtype)
+
+
 def compile_case():
     """(function, inputs, dy, dtype) the torch.compile test runs: the public function, tail shape."""
     inputs, dy = make_inputs(TAIL_SHAPE, DTYPES[0])
@@ -345,6 +369,19 @@ def test_cuda_graph_replays_forward_and_backward():
     for name, t in fresh.items():
         if t.grad is not None:
             assert_close(f"replayed d{name}", static[name].grad, t.grad, dtype)
+
+
+@requires_cuda
+def test_new_lengths_compile_nothing():
+    """Element counts are symbolic in the kernels: after the first call, fwd+bwd at
+    other sizes (odd ones included) builds no kernel."""
+    calls = length_cases()
+    assert len(calls) >= 4
+    counts = []
+    for fn, inputs, grad_out in calls:
+        fn(*inputs.values()).backward(grad_out)
+        counts.append(len(autograd.KERNELS))
+    assert counts[1:] == counts[:1] * (len(counts) - 1), f"kernels built per new size: {counts}"
 
 
 @requires_cuda

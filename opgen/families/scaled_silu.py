@@ -3,9 +3,11 @@
 w is a learnable scalar or one weight per channel (the last dim of x). The op is elementwise, so
 the kernels take x as a [rows, cols] matrix: a scalar weight sees every element alike and views x
 as one row of x.numel() elements; a channel weight views it as [x.numel() // C, C] with C its last
-dim. dx is elementwise (written once); dw is a reduction over every element (scalar) or over the
-rows (channel): an in-block fp32 reduction, then one fp32 atomic per block (per channel) or one
-partial per block summed on the host (deterministic).
+dim. The kernels take the element count (scalar) or the row count (channel) as a symbol: a kernel
+variant is its C (channel weight), never the rest of the shape. dx is elementwise (written once);
+dw is a reduction over every element (scalar) or over the rows (channel): an in-block fp32
+reduction, then one fp32 atomic per block (per channel) or one partial per block summed on the
+host (deterministic).
 
 Spec section, validation beyond field types, and plan(): the kernels and their grids, the gradient
 buffers and how each is reduced, what the forward saves, the test matrix, the compile jobs and the
@@ -20,9 +22,9 @@ from typing import Any, Literal
 
 from opgen.families.contract import Family, scaffold
 from opgen.plan import (DTYPE_BYTES, TESTED_SAVES, CompileJob, SavedAuxPlan, SourceInfo, Table,
-                        bytes_moved_table, ceildiv, explain_tables, kernel_plan, not_positive,
-                        refuse_shape, saved_aux_fields, saved_aux_jobs, weight_dtype,
-                        weight_grads_table, weighted_bytes_moved)
+                        bytes_moved_table, ceildiv, distinct_jobs, explain_tables, kernel_plan,
+                        not_positive, refuse_shape, saved_aux_fields, saved_aux_jobs,
+                        weight_dtype, weight_grads_table, weighted_bytes_moved)
 from opgen.spec import (BenchSection, Block, MatrixShape, SavedSigmoid, StrictModel, TensorShape,
                         TestSection, Threads, WeightGrads, family_spec, shapes_of, too_few_elements,
                         too_many_elements, untested_tail)
@@ -155,8 +157,20 @@ class Plan(SavedAuxPlan):
     weight_shape_doc: str  # the same, for error messages
     test_weight_shape_expr: str  # the shape of w the tests make for an x of `shape`, as code
     cols_expr: str  # the cols of the [rows, cols] view of x, as code over x
+    channels_expr: str  # the kernels' channels argument, as code over rows, cols: cols or None
+    symbolic_expr: str  # the view's symbolic dim, as code over rows, cols: cols or rows
+    symbolic_doc: str  # what that symbol is, in words (plural)
+    int32_extent: int  # the longest symbolic dim an int32 symbol takes (see int32_extent())
     reference_weight_expr: str  # w in float32, broadcastable against x, as code
     save_sigmoid: bool  # the spec's: the public function's
+
+
+def int32_extent(weight: str, kernels) -> int:
+    """The longest symbolic dim (cols with a scalar weight, rows with a channel weight) the
+    kernels take as an int32 symbol: ceildiv and the tile bounds add up to a block to it. A longer
+    one takes the kernels' int64 variant."""
+    along = "block_cols" if weight == "scalar" else "block_rows"
+    return 2**31 - 1 - max(k.tiling[along] for k in kernels.values())
 
 
 def weight_numel(weight: str, channels: int) -> int:
@@ -174,11 +188,14 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     reduction = spec.grads.dw.reduction
     save_sigmoid = spec.saved.sigmoid == "save"
 
+    # One grid dim: a second one stops at 65535 blocks, the row blocks of a channel weight do not.
+    grid = ("(ceildiv(cols, block_cols),)" if weight == "scalar"
+            else "(ceildiv(rows, block_rows) * ceildiv(cols, block_cols),)")
+
     def kernel(key, summary, tiling):
         block_rows, block_cols = tile(weight, tiling)
         return kernel_plan(
-            spec.name, key, key, key, summary,
-            "(ceildiv(cols, block_cols), ceildiv(rows, block_rows))",
+            spec.name, key, key, key, summary, grid,
             {"block_rows": block_rows, "block_cols": block_cols, "threads": tiling.threads},
         )
 
@@ -215,6 +232,10 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         weight_shape_doc="() or (1,)" if scalar else "(C,) with C = x.shape[-1]",
         test_weight_shape_expr="()" if scalar else "(shape[-1],)",
         cols_expr="x.numel()" if scalar else "x.shape[-1]",
+        channels_expr="None" if scalar else "cols",
+        symbolic_expr="cols" if scalar else "rows",
+        symbolic_doc="element counts" if scalar else "row counts",
+        int32_extent=int32_extent(weight, kernels),
         reference_weight_expr="w.float().reshape(())" if scalar else "w.float()",
         kernels=kernels,
         save_sigmoid=save_sigmoid,
@@ -234,26 +255,34 @@ def _has_tail(spec: Spec, shape: tuple[int, ...]) -> bool:
 
 
 def _compile_jobs(spec, kernels, tail_case, test_reductions) -> tuple[CompileJob, ...]:
-    """Every kernel variant the package launches, at a test shape with tail blocks: per dtype, fwd
-    with and without the saved sigmoid, bwd for each of those and each dw reduction the tests run;
-    then the benchmark's shapes with the spec's choices (the no-tail, vectorised path)."""
+    """Every kernel variant the package launches: per dtype, fwd with and without the saved
+    sigmoid, bwd for each of those and each dw reduction the tests run; then the benchmark's with
+    the spec's choices; then the spec's choices with int64 dims (a view too long for int32). The
+    element count (scalar weight) or row count (channel weight) is symbolic: a variant is its C
+    with a channel weight (the tail shape's, the benchmark's), nothing of the shape with a scalar
+    one (the benchmark's jobs are then the tests')."""
     weight = spec.scaled_silu.weight
     save_default = spec.saved.sigmoid == "save"
 
-    def jobs_for(rows, cols, dtype, saves, reductions, tag):
-        args = (rows, cols, weight, dtype, weight_dtype(spec.scaled_silu.weight_dtype, dtype))
-        return saved_aux_jobs(kernels, args, saves, reductions, "sigmoid",
-                              f"{dtype} {rows}x{cols}", tag)
+    def jobs_for(channels, dims, dtype, saves, reductions, tag):
+        args = (weight, channels, dims, dtype, weight_dtype(spec.scaled_silu.weight_dtype, dtype))
+        size = dtype if channels is None else f"{dtype} C={channels}"
+        return saved_aux_jobs(kernels, args, saves, reductions, "sigmoid", size, tag)
 
-    rows, cols = matrix(weight, tail_case.shape)
+    def channels(shape):
+        return None if weight == "scalar" else shape[-1]
+
     jobs = []
     for dtype in spec.dtypes:
-        jobs += jobs_for(rows, cols, dtype, TESTED_SAVES, test_reductions, "")
+        jobs += jobs_for(channels(tail_case.shape), "int32", dtype, TESTED_SAVES, test_reductions,
+                         "")
+    spec_choice = ((save_default,), (spec.grads.dw.reduction,))
     for shape in spec.bench.shapes:
-        b_rows, b_cols = matrix(weight, (shape.rows, shape.channels))
-        jobs += jobs_for(b_rows, b_cols, spec.bench.dtype, (save_default,),
-                         (spec.grads.dw.reduction,), " (bench)")
-    return tuple(jobs)
+        jobs += jobs_for(channels((shape.rows, shape.channels)), "int32", spec.bench.dtype,
+                         *spec_choice, " (bench)")
+    jobs += jobs_for(channels(tail_case.shape), "int64", spec.dtypes[0], *spec_choice,
+                     " (int64 dims)")
+    return distinct_jobs(jobs)
 
 
 def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
@@ -266,20 +295,23 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     w_elem = DTYPE_BYTES[weight_dtype(p.weight_dtype, dtype)]
     numel = n_rows * channels
     rows, cols = matrix(p.weight, (n_rows, channels))
-    grids = {key: (ceildiv(cols, k.tiling["block_cols"]), ceildiv(rows, k.tiling["block_rows"]))
+    tiles = {key: (ceildiv(cols, k.tiling["block_cols"]), ceildiv(rows, k.tiling["block_rows"]))
              for key, k in p.kernels.items()}
+    grids = {key: (col_blocks * row_blocks,) for key, (col_blocks, row_blocks) in tiles.items()}
     w_numel = weight_numel(p.weight, channels)
     sizes = {"x": numel * elem, "w": w_numel * w_elem, "sigmoid": numel * 4}  # sigmoid: fp32
-    col_blocks, row_blocks = grids["bwd"]
+    col_blocks, row_blocks = tiles["bwd"]
     n_blocks = col_blocks * row_blocks
     # dw: one atomic add or partial per block (scalar), or per row block and channel.
     per_address = n_blocks if p.weight == "scalar" else row_blocks
     parts = n_blocks if p.weight == "scalar" else row_blocks * cols
     fwd_bytes, bwd_bytes = bytes_moved(p.weight, numel, channels, elem, w_elem)
     partials = 0 if p.dw_reduction == "atomic" else 4 * parts
+    symbolic = cols if p.weight == "scalar" else rows
+    dims = "int32" if symbolic <= p.int32_extent else "int64"
     return explain_tables(
         p, (f"rows={n_rows} channels={channels} dtype={dtype} ({numel} elements; {p.weight} "
-            f"weight; kernels see [{rows}, {cols}])"),
+            f"weight; kernels see [{rows}, {cols}], {p.symbolic_expr} symbolic, {dims})"),
         grids, sizes, "recomputed in backward from x",
         weight_grads_table(p, numel * elem, w_numel, per_address, parts),
         bytes_moved_table(fwd_bytes, bwd_bytes, "sigmoid(x)",
