@@ -35,6 +35,7 @@ HEAD_DIMS = [64, 128]
 # dK/dV reduction across the query heads of a group (spec [grads]); one group writes directly.
 DK_REDUCTION = "atomic"
 DV_REDUCTION = "atomic"
+SINKS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The buffer each gradient reduction writes into: fp32 atomic targets start at zero; direct writes
 # and split partials are written once per element.
 ALLOC = {
@@ -205,12 +206,12 @@ def check_inputs(q, k, v, sinks, causal, window, layout):
             f"attention_sink: head_dim must be one of {HEAD_DIMS} (got {head_dim}); add it to "
             "attention.head_dims in the spec and rebuild"
         )
-    dtype = q.dtype
-    sinks_dtype = torch.float32
-    if sinks.shape != (heads,) or sinks.dtype != sinks_dtype:
+    # Any float dtype: a model cast to half keeps its sinks parameter in half. The kernels read
+    # them as fp32, and the gradient is returned in the sinks' own dtype.
+    if sinks.shape != (heads,) or sinks.dtype not in SINKS_DTYPES:
         raise ValueError(
-            f"attention_sink: sinks must be a [heads] = [{heads}] tensor of {sinks_dtype} "
-            f"(got shape {tuple(sinks.shape)}, {sinks.dtype})"
+            f"attention_sink: sinks must be a [heads] = [{heads}] tensor of torch.float32, "
+            f"torch.float16 or torch.bfloat16 (got shape {tuple(sinks.shape)}, {sinks.dtype})"
         )
 
 
@@ -472,8 +473,9 @@ def attention_sink(q, k, v, sinks, causal=True, window=None, layout="bshd"):
     k, v: the keys and values: q's batch, seq_len, head_dim and dtype, with kv_heads heads, a
     divisor of q's heads (grouped-query attention: KV head h serves the heads // kv_heads
     consecutive query heads from h * heads // kv_heads).
-    sinks: one learnable logit per query head, shape [heads], torch.float32: one more
-    softmax column per row that takes probability mass and adds no value.
+    sinks: one learnable logit per query head, shape [heads], float32 (or float16, bfloat16:
+    computed in float32, its gradient returned in its dtype): one more softmax column per row
+    that takes probability mass and adds no value.
     causal: query i sees keys j <= i (else every key).
     window: None, or a positive int (with causal=True): query i sees keys i - window < j <= i.
     layout: "bshd", the dim order of q, k, v and O.

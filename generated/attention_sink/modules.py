@@ -15,8 +15,8 @@ class Attention(torch.nn.Module):
     q, k, v: [batch, seq_len, heads, head_dim] for layout 'bshd'.
     Owns `sinks`: one learnable logit per query head (num_heads of them), zero at first, in
     float32. A model cast to another dtype (`model.to(torch.bfloat16)`) still works: the op
-    gets the sinks in the dtype it takes, through a differentiable cast, and the gradient comes
-    back in the parameter's dtype.
+    takes the sinks in any float dtype, computes in float32 and returns their gradient in
+    their dtype.
     """
 
     def __init__(self, num_heads, causal=True, window=None, layout="bshd", device=None):
@@ -26,9 +26,8 @@ class Attention(torch.nn.Module):
         self.sinks = torch.nn.Parameter(torch.zeros(num_heads, dtype=SINKS_DTYPE, device=device))
 
     def forward(self, q, k, v):
-        sinks = self.sinks.to(SINKS_DTYPE or q.dtype)
         return attention_sink(
-            q, k, v, sinks, causal=self.causal, window=self.window, layout=self.layout
+            q, k, v, self.sinks, causal=self.causal, window=self.window, layout=self.layout
         )
 
     def extra_repr(self):

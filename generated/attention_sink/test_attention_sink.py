@@ -466,8 +466,34 @@ def test_rejects_bad_inputs_before_launch(no_launch):
         attention_sink(*good.values(), layout="sbhd")
     with pytest.raises(ValueError, match="sinks"):
         call(sinks=good["sinks"][:-1].contiguous())
+    with pytest.raises(ValueError, match="sinks"):
+        call(sinks=good["sinks"].double())
     with pytest.raises(ValueError, match="causal"):
         attention_sink(*good.values(), causal=False, window=16, layout=layout)
+
+
+@requires_cuda
+@pytest.mark.parametrize(
+    "sinks_dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"]
+)
+def test_sinks_in_a_half_dtype(sinks_dtype):
+    """Sinks cast with the model (model.to(torch.bfloat16)) are taken and read in fp32: the output
+    is the one of the same values in fp32, and dsinks that run's, in the sinks' dtype."""
+    batch, heads, kv_heads, seq_len, head_dim = SHAPES[0].values
+    causal, window = MASKS[-1].values
+    layout = LAYOUTS[0]
+    inputs, do = make_inputs(batch, heads, kv_heads, seq_len, head_dim, DTYPES[0], layout)
+    half = inputs["sinks"].detach().to(sinks_dtype).requires_grad_()
+    full = half.detach().float().requires_grad_()
+    results = []
+    for sinks in (half, full):
+        args = list({**inputs, "sinks": sinks}.values())
+        o = attention_sink(*args, causal=causal, window=window, layout=layout)
+        results.append((o, torch.autograd.grad(o, [sinks], do)[0]))
+    (o_half, d_half), (o_full, d_full) = results
+    assert d_half.dtype == sinks_dtype
+    torch.testing.assert_close(o_half, o_full, rtol=0, atol=0)
+    torch.testing.assert_close(d_half, d_full.to(sinks_dtype), rtol=0, atol=0)
 
 
 @requires_cuda

@@ -74,6 +74,8 @@ class AttentionSection(StrictModel):
     gqa: StrictBool = False
     # One learnable logit per query head that joins every row's softmax denominator (gpt-oss).
     sinks: StrictBool = False
+    # The sinks' dtype in the docs, tests and bench: float32, or q's ("input"). The op takes any
+    # float dtype (computed in fp32, the gradient returned in the sinks' dtype).
     sinks_dtype: Literal["float32", "input"] = "float32"
     # A `window` argument: query i sees keys i - window < j <= i (causal only).
     sliding_window: StrictBool = False
@@ -360,7 +362,7 @@ class Plan(PlanBase):
     causal_default: bool
     gqa: bool
     sinks: bool
-    sinks_dtype_expr: str  # the dtype sinks must have, as code: torch.float32, or dtype (q's)
+    sinks_dtype_expr: str  # the sinks' dtype in docs and tests, as code: torch.float32, or dtype (q's)
     sliding_window: bool
     tensor_inputs: tuple[str, ...]  # q, k, v (, sinks)
     params: str  # the public function's parameters, with defaults
