@@ -13,7 +13,7 @@ TileLang kernels for CUDA tensors (CPU tensors run the PyTorch reference: the ex
     (torch.Size([2, 16, 4, 64]), torch.float16)
 
 q: the queries; k, v: the keys and values, with q's batch, seq_len and head_dim and heads.
-Dtypes torch.float16 or torch.bfloat16, contiguous, layouts bshd, bhsd; head_dim one of 64, 128.
+Dtypes torch.float16 or torch.bfloat16 (strided views are copied once into dense tensors), layouts bshd, bhsd; head_dim one of 64, 128.
 causal: query i sees keys j <= i. O has q's shape and dtype.
 See `attention()` for every argument."""
 

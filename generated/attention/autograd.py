@@ -428,6 +428,13 @@ def eager(t):
     )
 
 
+def dense(t):
+    """t itself if contiguous, else one dense copy (differentiable): the kernels index q, k, v as
+    dense tensors, and real models pass views (the split of a fused qkv projection, a transpose
+    of [batch, heads, seq_len, head_dim])."""
+    return t.contiguous() if isinstance(t, torch.Tensor) else t
+
+
 def apply_op(q, k, v, causal, window, layout):
     """O by the formula above, without the input checks of attention(); window None or 0: none."""
     function = EagerFunction.apply if eager(q) else forward_op
@@ -437,8 +444,9 @@ def apply_op(q, k, v, causal, window, layout):
 def attention(q, k, v, causal=False, layout="bshd"):
     """Softmax attention O = softmax(q k^T / sqrt(head_dim), masked) v, differentiable in q, k, v.
 
-    q: the queries, torch.float16 or torch.bfloat16, contiguous; head_dim one of 64, 128;
-    [batch, seq_len, heads, head_dim] for layout 'bshd'; [batch, heads, seq_len, head_dim] for layout 'bhsd'.
+    q: the queries, torch.float16 or torch.bfloat16; head_dim one of 64, 128;
+    [batch, seq_len, heads, head_dim] for layout 'bshd'; [batch, heads, seq_len, head_dim] for layout 'bhsd'. Strided views (q, k, v split from a fused projection, or transposed)
+    are taken: each non-contiguous one is copied once into a dense tensor before the kernels.
     k, v: the keys and values: q's shape and dtype.
     causal: query i sees keys j <= i (else every key).
     layout: "bshd" or "bhsd", the dim order of q, k, v and O.
@@ -450,6 +458,11 @@ def attention(q, k, v, causal=False, layout="bshd"):
     batch, heads (k's and v's too) or seq_len 0 is empty work: an empty O, zero gradients (empty
     for empty inputs), no kernel launch.
     """
+    q, k, v = (
+        dense(q),
+        dense(k),
+        dense(v),
+    )
     check_inputs(q, k, v, causal, None, layout)
     if q.device.type == "cpu":
         # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or

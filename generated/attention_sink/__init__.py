@@ -16,7 +16,7 @@ TileLang kernels for CUDA tensors (CPU tensors run the PyTorch reference: the ex
 q: the queries; k, v: the keys and values, with q's batch, seq_len and head_dim,
 and kv_heads dividing q's heads (grouped-query attention).
 sinks: [heads], one logit per query head that takes softmax mass and adds no value.
-Dtypes torch.float16 or torch.bfloat16, contiguous, layouts bshd; head_dim one of 64, 128.
+Dtypes torch.float16 or torch.bfloat16 (strided views are copied once into dense tensors), layouts bshd; head_dim one of 64, 128.
 causal: query i sees keys j <= i; window: it sees keys i - window < j <= i. O has q's shape and dtype.
 See `attention_sink()` for every argument."""
 

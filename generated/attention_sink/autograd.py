@@ -459,6 +459,13 @@ def eager(t):
     )
 
 
+def dense(t):
+    """t itself if contiguous, else one dense copy (differentiable): the kernels index q, k, v as
+    dense tensors, and real models pass views (the split of a fused qkv projection, a transpose
+    of [batch, heads, seq_len, head_dim])."""
+    return t.contiguous() if isinstance(t, torch.Tensor) else t
+
+
 def apply_op(q, k, v, sinks, causal, window, layout):
     """O by the formula above, without the input checks of attention_sink(); window None or 0: none."""
     function = EagerFunction.apply if eager(q) else forward_op
@@ -468,8 +475,9 @@ def apply_op(q, k, v, sinks, causal, window, layout):
 def attention_sink(q, k, v, sinks, causal=True, window=None, layout="bshd"):
     """Softmax attention O = softmax(q k^T / sqrt(head_dim), masked) v, differentiable in q, k, v, sinks.
 
-    q: the queries, torch.float16 or torch.bfloat16, contiguous; head_dim one of 64, 128;
-    [batch, seq_len, heads, head_dim] for layout 'bshd'.
+    q: the queries, torch.float16 or torch.bfloat16; head_dim one of 64, 128;
+    [batch, seq_len, heads, head_dim] for layout 'bshd'. Strided views (q, k, v split from a fused projection, or transposed)
+    are taken: each non-contiguous one is copied once into a dense tensor before the kernels.
     k, v: the keys and values: q's batch, seq_len, head_dim and dtype, with kv_heads heads, a
     divisor of q's heads (grouped-query attention: KV head h serves the heads // kv_heads
     consecutive query heads from h * heads // kv_heads).
@@ -487,6 +495,12 @@ def attention_sink(q, k, v, sinks, causal=True, window=None, layout="bshd"):
     batch, heads (k's and v's too) or seq_len 0 is empty work: an empty O, zero gradients (empty
     for empty inputs), no kernel launch.
     """
+    q, k, v, sinks = (
+        dense(q),
+        dense(k),
+        dense(v),
+        dense(sinks),
+    )
     check_inputs(q, k, v, sinks, causal, window, layout)
     if q.device.type == "cpu":
         # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or

@@ -14,7 +14,7 @@ TileLang kernels for CUDA tensors (CPU tensors run the PyTorch reference: the ex
 
 q: the queries; k, v: the keys and values, with q's batch, seq_len and head_dim,
 and kv_heads dividing q's heads (grouped-query attention).
-Dtypes torch.float16 or torch.bfloat16, contiguous, layouts bshd; head_dim one of 64, 128.
+Dtypes torch.float16 or torch.bfloat16 (strided views are copied once into dense tensors), layouts bshd; head_dim one of 64, 128.
 causal: query i sees keys j <= i. O has q's shape and dtype.
 See `gqa()` for every argument."""
 

@@ -13,7 +13,7 @@ TileLang kernels for CUDA tensors (CPU tensors run the PyTorch reference: the ex
     (torch.Size([2, 4, 16, 64]), torch.bfloat16)
 
 q: the queries; k, v: the keys and values, with q's batch, seq_len and head_dim and heads.
-Dtypes torch.bfloat16, contiguous, layouts bhsd; head_dim one of 64.
+Dtypes torch.bfloat16 (strided views are copied once into dense tensors), layouts bhsd; head_dim one of 64.
 causal: query i sees keys j <= i. O has q's shape and dtype.
 See `attention_recompute()` for every argument."""
 
