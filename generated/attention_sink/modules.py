@@ -6,24 +6,22 @@ import torch
 
 from .autograd import attention_sink
 
-SINKS_DTYPE = torch.float32
-
 
 class Attention(torch.nn.Module):
     """attention_sink(q, k, v, self.sinks, causal=self.causal, window=self.window, layout=self.layout) as a module.
 
     q, k, v: [batch, seq_len, heads, head_dim] for layout 'bshd'.
     Owns `sinks`: one learnable logit per query head (num_heads of them), zero at first, in
-    float32. A model cast to another dtype (`model.to(torch.bfloat16)`) still works: the op
-    takes the sinks in any float dtype, computes in float32 and returns their gradient in
-    their dtype.
+    `dtype` (default: torch's default dtype). A model cast to another dtype
+    (`model.to(torch.bfloat16)`) still works: the op takes the sinks in any float dtype,
+    computes in float32 and returns their gradient in their dtype.
     """
 
-    def __init__(self, num_heads, causal=True, window=None, layout="bshd", device=None):
+    def __init__(self, num_heads, causal=True, window=None, layout="bshd", device=None, dtype=None):
         super().__init__()
         self.causal, self.layout = causal, layout
         self.window = window
-        self.sinks = torch.nn.Parameter(torch.zeros(num_heads, dtype=SINKS_DTYPE, device=device))
+        self.sinks = torch.nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype))
 
     def forward(self, q, k, v):
         return attention_sink(

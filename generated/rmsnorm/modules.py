@@ -11,8 +11,8 @@ class RMSNorm(torch.nn.Module):
     """rmsnorm(x, self.weight) as a module: RMSNorm over the last dim of x, [..., channels].
 
     Owns `weight`, one learnable scale per channel, ones at first. The op takes w in
-    x's dtype; the module hands it over through a differentiable cast, so a model cast
-    to another dtype, or fp32 weights with half inputs, still work.
+    x.dtype; the module hands it over through a differentiable cast, so a model cast to
+    another dtype, or fp32 weights with half inputs, still work.
     """
 
     def __init__(self, channels, device=None, dtype=None):
