@@ -79,6 +79,29 @@ report("matmul check_inputs", lambda: ma.check_inputs(a, b, None))
 report("matmul run_forward", lambda: ma.run_forward(a.detach(), b.detach(), None))
 print("matmul KERNELS:", len(ma.KERNELS), [type(v).__name__ for v in ma.KERNELS.values()], flush=True)
 
+
+class Null(torch.autograd.Function):
+    """The autograd machinery alone: a Python Function whose phases launch nothing."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+report("null autograd.Function fwd", lambda: Null.apply(x, w))
+report("null autograd.Function fwd+bwd (autograd.grad)", lambda: torch.autograd.grad(Null.apply(x, w), (x,), dy))
+bwd = ra.kernel(ra.rmsnorm_bwd, 1024, "bfloat16", "bfloat16", ra.EPS, True, "atomic", **ra.BWD_TILING)
+dx, dwb = torch.empty_like(xd), torch.zeros(1024, dtype=torch.float32, device="cuda")
+report("rmsnorm bwd entry call alone", lambda: bwd(xd, rstd, wd, dy, dx, dwb))
+report("tensor.to(bf16) of 1024 fp32", lambda: dwb.to(dt))
+report("tensor.view(8, 1024)", lambda: xd.view(8, 1024))
+report("matmul run_da + run_db", lambda: (ma.run_da(dc, b.detach(), a.shape), ma.run_db(a.detach(), dc)))
+report("matmul torch mm (one launch)", lambda: torch.mm(dc, b.detach()))
+
 for name, fn in (("rmsnorm fwd+bwd", lambda: torch.autograd.grad(ra.rmsnorm(x, w), (x, w), dy)),
                  ("matmul fwd+bwd", lambda: torch.autograd.grad(ma.matmul(a, b, None), (a, b), dc))):
     prof = cProfile.Profile()

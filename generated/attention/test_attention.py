@@ -462,10 +462,13 @@ def test_strided_views_are_taken(view):
     inputs, do = make_inputs(batch, heads, kv_heads, seq_len, head_dim, DTYPES[0], layout)
     dense = [inputs[n] for n in ("q", "k", "v")]
     extra = [t for n, t in inputs.items() if n not in ("q", "k", "v")]
-    heads_dim = 2 if layout == "bshd" else 1
+    # A layout's tensor from / to [batch, seq, heads, dim] (a transpose is its own inverse).
+    as_bshd = (lambda t: t) if layout == "bshd" else (lambda t: t.transpose(1, 2))
+    split = [heads, kv_heads, kv_heads]
     if view == "fused_split":
-        base = torch.cat([t.detach() for t in dense], dim=heads_dim).requires_grad_()
-        views = base.split([heads, kv_heads, kv_heads], dim=heads_dim)
+        # One projection's output [batch, seq, heads + 2 * kv_heads, dim], split along heads.
+        base = torch.cat([as_bshd(t.detach()) for t in dense], dim=2).requires_grad_()
+        views = [as_bshd(t) for t in base.split(split, dim=2)]
         bases = [base]
     else:
         bases = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in dense]
@@ -477,7 +480,7 @@ def test_strided_views_are_taken(view):
     grads_dense = torch.autograd.grad(o_dense, dense, do)
     grads_view = torch.autograd.grad(o_view, bases, do)
     if view == "fused_split":
-        grads_view = grads_view[0].split([heads, kv_heads, kv_heads], dim=heads_dim)
+        grads_view = [as_bshd(g) for g in grads_view[0].split(split, dim=2)]
     else:
         grads_view = [g.transpose(1, 2) for g in grads_view]
     for got, want in zip(grads_view, grads_dense):

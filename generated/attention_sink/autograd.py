@@ -406,6 +406,10 @@ def setup_context(ctx, inputs, output):
     q, k, v, sinks, causal, window, layout = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)
+    # Without this, autograd hands backward() a zero-filled tensor for the output that has no
+    # gradient: one more allocation and fill kernel per call.
+    ctx.set_materialize_grads(False)
+
     ctx.save_for_backward(q, k, v, sinks, o, lse)
     ctx.causal, ctx.window, ctx.layout = causal, window, layout
 

@@ -191,7 +191,8 @@ def run_backward(x, s, w, dy, reduction):
         return torch.zeros_like(x), torch.zeros_like(w)
     # Autograd may hand a non-contiguous (expanded, transposed) or differently typed gradient;
     # the kernels index dy as a dense [rows, cols] matrix.
-    dy = dy.contiguous().to(x.dtype)
+    if dy.dtype != x.dtype or not dy.is_contiguous():
+        dy = dy.contiguous().to(x.dtype)
     dx = torch.empty_like(x)
     buffer = alloc_dw(x, reduction)
     launch_backward(x, s, w, dy, dx, buffer, reduction)
@@ -238,6 +239,10 @@ def _(x, s, w, dy, dw_reduction):
 def setup_context(ctx, inputs, output):
     x, w, save_sigmoid, dw_reduction = inputs
     ctx.mark_non_differentiable(output[1])
+    # Without this, autograd hands backward() a zero-filled tensor for the output that has no
+    # gradient: one more allocation and fill kernel per call.
+    ctx.set_materialize_grads(False)
+
     # s only when the forward saved it; else the backward recomputes it from x.
     ctx.save_for_backward(x, w, output[1] if save_sigmoid else None)
     ctx.dw_reduction = dw_reduction

@@ -231,6 +231,10 @@ def _(a, b, s, dy):
 def setup_context(ctx, inputs, output):
     a, b, save_sigmoid = inputs
     ctx.mark_non_differentiable(output[1])
+    # Without this, autograd hands backward() a zero-filled tensor for the output that has no
+    # gradient: one more allocation and fill kernel per call.
+    ctx.set_materialize_grads(False)
+
     # s only when the forward saved it; else the backward recomputes it from a.
     ctx.save_for_backward(a, b, output[1] if save_sigmoid else None)
 

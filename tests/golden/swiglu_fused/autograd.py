@@ -248,6 +248,10 @@ def _(x, s, dy):
 def setup_context(ctx, inputs, output):
     x, save_sigmoid = inputs
     ctx.mark_non_differentiable(output[1])
+    # Without this, autograd hands backward() a zero-filled tensor for the output that has no
+    # gradient: one more allocation and fill kernel per call.
+    ctx.set_materialize_grads(False)
+
     # s only when the forward saved it; else the backward recomputes it from x.
     ctx.save_for_backward(x, output[1] if save_sigmoid else None)
 
