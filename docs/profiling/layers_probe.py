@@ -112,3 +112,33 @@ for name, fn in (("rmsnorm fwd+bwd", lambda: torch.autograd.grad(ra.rmsnorm(x, w
     prof.disable()
     print(f"\n# cProfile of 2000 x {name}, by tottime")
     pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+
+# Attention at the overhead table's tiny shape (B1 S128 H16 D128 fp16, causal): the layers of its
+# backward, and whether the GPU or the host bounds the fwd+bwd loop (torch.profiler: kernel times).
+from generated.attention import autograd as aa  # noqa: E402
+
+q, k, v = (torch.randn(1, 128, 16, 128, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+do = torch.randn_like(q)
+o, lse = aa.run_forward(q.detach(), k.detach(), v.detach(), True, None, "bshd")
+report("attention public fwd", lambda: aa.attention(q, k, v, causal=True))
+report("attention public fwd+bwd", lambda: torch.autograd.grad(aa.attention(q, k, v, causal=True), (q, k, v), do))
+report("attention run_forward", lambda: aa.run_forward(q.detach(), k.detach(), v.detach(), True, None, "bshd"))
+report("attention run_backward", lambda: aa.run_backward(q.detach(), k.detach(), v.detach(), o, lse, do, True, None, "bshd"))
+report("SDPA fwd+bwd (default backend)", lambda: torch.autograd.grad(
+    torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True),
+    (q, k, v), do.transpose(1, 2)))
+from torch.profiler import profile, ProfilerActivity  # noqa: E402
+with profile(activities=[ProfilerActivity.CUDA]) as p:
+    for _ in range(20):
+        torch.autograd.grad(aa.attention(q, k, v, causal=True), (q, k, v), do)
+    torch.cuda.synchronize()
+print("\n# GPU kernels of 20 x attention fwd+bwd (tiny shape)")
+print(p.key_averages().table(sort_by="cuda_time_total", row_limit=10))
+prof = cProfile.Profile()
+prof.enable()
+for _ in range(2000):
+    torch.autograd.grad(aa.attention(q, k, v, causal=True), (q, k, v), do)
+torch.cuda.synchronize()
+prof.disable()
+print("\n# cProfile of 2000 x attention fwd+bwd, by tottime")
+pstats.Stats(prof).sort_stats("tottime").print_stats(22)

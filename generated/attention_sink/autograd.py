@@ -2,6 +2,7 @@
 # Edit the spec (copied beside this file as spec.toml) and run `opgen build specs/attention_sink.toml` instead.
 """Autograd of `attention_sink` as torch.library custom ops: input checks, buffers, kernel phases."""
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 import tilelang
@@ -82,10 +83,22 @@ def entry_point(compiled):
         return compiled
 
 
+def on_device(t):
+    """A context in which t's device is the current CUDA device, the previous one restored on
+    exit: a kernel's entry point makes its tensors' device current and leaves it so, which would
+    move the caller's later `device="cuda"` tensors. Nothing to do where it is current already."""
+    if t.get_device() == torch.cuda.current_device():
+        return CURRENT_DEVICE
+    return torch.cuda.device(t.device)
+
+
+CURRENT_DEVICE = contextlib.nullcontext()
+
+
 def prebuild(calls):
     """Build the kernels of calls, (factory, args, tiling) triples, that are not built yet, all at
-    once: lowering releases the GIL and nvcc is a subprocess, so a new variant waits for its
-    slowest kernel instead of the sum of all."""
+    at once, in threads: each nvcc is a subprocess, so the compiles overlap (TileLang's lowering
+    mostly holds the GIL, so the lowerings stay close to serial)."""
     missing = {}
     for factory, args, tiling in calls:
         key = kernel_key(factory, args, tiling)
@@ -363,7 +376,8 @@ def forward(
     layout: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, lse: fp32, log2 domain); window 0: no sliding window."""
-    return run_forward(q, k, v, sinks, causal, window, layout)
+    with on_device(q):
+        return run_forward(q, k, v, sinks, causal, window, layout)
 
 
 def backward_phases(

@@ -2,6 +2,8 @@
 # Edit the spec (copied beside this file as spec.toml) and run `opgen build specs/linear_attention.toml` instead.
 """Autograd of `linear_attention` as torch.library custom ops: input checks, buffers, kernel phases."""
 
+import contextlib
+
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -58,6 +60,18 @@ def entry_point(compiled):
         return module.get_function("main")
     except AttributeError:
         return compiled
+
+
+def on_device(t):
+    """A context in which t's device is the current CUDA device, the previous one restored on
+    exit: a kernel's entry point makes its tensors' device current and leaves it so, which would
+    move the caller's later `device="cuda"` tensors. Nothing to do where it is current already."""
+    if t.get_device() == torch.cuda.current_device():
+        return CURRENT_DEVICE
+    return torch.cuda.device(t.device)
+
+
+CURRENT_DEVICE = contextlib.nullcontext()
 
 
 def scale_for(dim_k):
@@ -188,7 +202,8 @@ def run_backward(q, k, v, do):
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """O [B, S, H, Dv] in q's dtype."""
     check_aligned(q, k, v)
-    return run_forward(q, k, v)
+    with on_device(q):
+        return run_forward(q, k, v)
 
 
 def backward_phases(

@@ -2,6 +2,8 @@
 # Edit the spec (copied beside this file as spec.toml) and run `opgen build specs/matmul.toml` instead.
 """Autograd of `matmul` as torch.library custom ops: input checks, buffers, kernel phases."""
 
+import contextlib
+
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -63,6 +65,18 @@ def entry_point(compiled):
         return module.get_function("main")
     except AttributeError:
         return compiled
+
+
+def on_device(t):
+    """A context in which t's device is the current CUDA device, the previous one restored on
+    exit: a kernel's entry point makes its tensors' device current and leaves it so, which would
+    move the caller's later `device="cuda"` tensors. Nothing to do where it is current already."""
+    if t.get_device() == torch.cuda.current_device():
+        return CURRENT_DEVICE
+    return torch.cuda.device(t.device)
+
+
+CURRENT_DEVICE = contextlib.nullcontext()
 
 
 def check_inputs(a, b, bias):
@@ -198,7 +212,8 @@ def run_dbias(dc):
 def forward(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """C [..., M, N] in a's dtype."""
     check_aligned(a, b, bias)
-    return run_forward(a, b, bias)
+    with on_device(a):
+        return run_forward(a, b, bias)
 
 
 def da_phase(dc: torch.Tensor, b: torch.Tensor, a_shape: list[int]) -> torch.Tensor:

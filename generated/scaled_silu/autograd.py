@@ -2,6 +2,8 @@
 # Edit the spec (copied beside this file as spec.toml) and run `opgen build specs/scaled_silu.toml` instead.
 """Autograd of `scaled_silu` as torch.library custom ops: input checks, buffers, kernel phases."""
 
+import contextlib
+
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -149,6 +151,18 @@ def entry_point(compiled):
         return compiled
 
 
+def on_device(t):
+    """A context in which t's device is the current CUDA device, the previous one restored on
+    exit: a kernel's entry point makes its tensors' device current and leaves it so, which would
+    move the caller's later `device="cuda"` tensors. Nothing to do where it is current already."""
+    if t.get_device() == torch.cuda.current_device():
+        return CURRENT_DEVICE
+    return torch.cuda.device(t.device)
+
+
+CURRENT_DEVICE = contextlib.nullcontext()
+
+
 def alloc_dw(x, reduction):
     """The fp32 dw buffer of the reduction (ALLOC: zeroed for atomic adds)."""
     rows, cols = matrix_dims(x)
@@ -208,7 +222,8 @@ def forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, sigmoid(x) in fp32); without save_sigmoid an empty tensor in its place: an op
     returns tensors only."""
-    y, s = run_forward(x, w, save_sigmoid)
+    with on_device(x):
+        y, s = run_forward(x, w, save_sigmoid)
     return y, s if save_sigmoid else x.new_empty(0, dtype=torch.float32)
 
 

@@ -2,6 +2,8 @@
 # Edit the spec (copied beside this file as spec.toml) and run `opgen build specs/swiglu.toml` instead.
 """Autograd of `swiglu` as torch.library custom ops: input checks, buffers, kernel phases."""
 
+import contextlib
+
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -60,6 +62,18 @@ def entry_point(compiled):
         return module.get_function("main")
     except AttributeError:
         return compiled
+
+
+def on_device(t):
+    """A context in which t's device is the current CUDA device, the previous one restored on
+    exit: a kernel's entry point makes its tensors' device current and leaves it so, which would
+    move the caller's later `device="cuda"` tensors. Nothing to do where it is current already."""
+    if t.get_device() == torch.cuda.current_device():
+        return CURRENT_DEVICE
+    return torch.cuda.device(t.device)
+
+
+CURRENT_DEVICE = contextlib.nullcontext()
 
 
 def _aligned(t):
@@ -201,7 +215,8 @@ def forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, sigmoid(a) in fp32); without save_sigmoid an empty tensor in its place: an op returns
     tensors only."""
-    y, s = run_forward(a, b, save_sigmoid)
+    with on_device(a):
+        y, s = run_forward(a, b, save_sigmoid)
     return y, s if save_sigmoid else a.new_empty(0, dtype=torch.float32)
 
 
