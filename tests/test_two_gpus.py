@@ -219,7 +219,8 @@ def run_on_side_stream(function, inputs, values, dy, dy_value, kwargs, caller, s
         # made current again inside, while the stream stays current on the tensors' device.
         with torch.cuda.stream(stream):
             if sleep:
-                torch.cuda._sleep(SLEEP_CYCLES)
+                with torch.cuda.device(device):  # on the side stream, whatever device is current
+                    torch.cuda._sleep(SLEEP_CYCLES)
             with torch.no_grad():
                 for t, value in zip(inputs.values(), values.values()):
                     t.copy_(value)
