@@ -8,17 +8,20 @@ from .autograd import attention
 
 
 class Attention(torch.nn.Module):
-    """attention(q, k, v, causal=self.causal, layout=self.layout) as a module.
+    """attention(q, k, v, causal=self.causal, layout=self.layout, softmax_scale=self.softmax_scale) as a module.
 
-    q, k, v: [batch, seq_len, heads, head_dim] for layout 'bshd'; [batch, heads, seq_len, head_dim] for layout 'bhsd'.
+    q, k, v: [batch, seq_len, heads, head_dim] for layout 'bshd'; [batch, heads, seq_len, head_dim] for layout 'bhsd'. softmax_scale: the factor of the scores (None:
+    1 / sqrt(head_dim)), fixed at construction: the kernels are built for it.
     """
 
-    def __init__(self, causal=False, layout="bshd", device=None):
+    def __init__(self, causal=False, layout="bshd", device=None, softmax_scale=None):
         super().__init__()
-        self.causal, self.layout = causal, layout
+        self.causal, self.layout, self.softmax_scale = causal, layout, softmax_scale
 
     def forward(self, q, k, v):
-        return attention(q, k, v, causal=self.causal, layout=self.layout)
+        return attention(
+            q, k, v, causal=self.causal, layout=self.layout, softmax_scale=self.softmax_scale
+        )
 
     def extra_repr(self):
-        return f"causal={self.causal}, layout={self.layout!r}"
+        return f"causal={self.causal}, layout={self.layout!r}, softmax_scale={self.softmax_scale}"

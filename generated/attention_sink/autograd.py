@@ -3,6 +3,7 @@
 """Autograd of `attention_sink` as torch.library custom ops: input checks, buffers, kernel phases."""
 
 import contextlib
+import math
 from concurrent.futures import ThreadPoolExecutor
 
 import tilelang
@@ -20,6 +21,7 @@ from .kernels import (
     attention_sink_bwd,
     attention_sink_bwd_postprocess,
     attention_sink_bwd_dsinks,
+    default_softmax_scale,
     dkv_buffer,
     padded_rows,
 )
@@ -141,8 +143,18 @@ def shape_of(layout, batch, heads, seq_len, head_dim):
     return (batch, heads, seq_len, head_dim)
 
 
-def check_inputs(q, k, v, sinks, causal, window, layout):
+def check_inputs(q, k, v, sinks, causal, window, layout, softmax_scale=None):
     """Raise a clear error for anything the kernels cannot take, before any launch."""
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            raise TypeError(
+                f"attention_sink: softmax_scale must be None or a float (got {type(softmax_scale).__name__})"
+            )
+        if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+            raise ValueError(
+                f"attention_sink: softmax_scale must be a finite number > 0, or None for 1 / sqrt(head_dim) "
+                f"(got {softmax_scale!r})"
+            )
     if layout not in LAYOUTS:
         raise ValueError(f"attention_sink: layout must be one of {LAYOUTS} (got {layout!r})")
     if not isinstance(causal, bool):
@@ -234,14 +246,23 @@ def reductions(heads, kv_heads, dk_reduction=DK_REDUCTION, dv_reduction=DV_REDUC
 
 
 def variant_calls(
-    heads, kv_heads, head_dim, causal, window, layout, dtype, dk_reduction, dv_reduction
+    heads,
+    kv_heads,
+    head_dim,
+    causal,
+    window,
+    layout,
+    dtype,
+    softmax_scale,
+    dk_reduction,
+    dv_reduction,
 ):
     """(factory, args, tiling) of each phase's kernel for one variant: what the phases launch,
     and what the first forward of a new variant builds at once."""
     return {
         "fwd": (
             attention_sink_fwd,
-            (heads, kv_heads, head_dim, causal, window, layout, dtype),
+            (heads, kv_heads, head_dim, causal, window, layout, dtype, softmax_scale),
             FWD_TILING,
         ),
         "preprocess": (
@@ -251,7 +272,18 @@ def variant_calls(
         ),
         "bwd": (
             attention_sink_bwd,
-            (heads, kv_heads, head_dim, causal, window, layout, dtype, dk_reduction, dv_reduction),
+            (
+                heads,
+                kv_heads,
+                head_dim,
+                causal,
+                window,
+                layout,
+                dtype,
+                softmax_scale,
+                dk_reduction,
+                dv_reduction,
+            ),
             BWD_TILING,
         ),
         "postprocess": (
@@ -268,8 +300,8 @@ def launcher(call):
     return kernel(factory, *args, **tiling)
 
 
-def run_forward(q, k, v, sinks, causal, window, layout):
-    """The forward kernel: returns O and lse (fp32, log2 domain)."""
+def run_forward(q, k, v, sinks, causal, window, layout, softmax_scale):
+    """The forward kernel: returns O and lse (fp32, log2 domain, of the scaled scores)."""
     batch, heads, seq_len, head_dim = dims(q, layout)
     if q.numel() == 0:
         # batch, heads or seq_len 0: empty work builds and launches no kernel.
@@ -285,6 +317,7 @@ def run_forward(q, k, v, sinks, causal, window, layout):
         window or 0,
         layout,
         DTYPE_NAMES[q.dtype],
+        softmax_scale,
         *reductions(heads, kv_heads),
     )
     if kernel_key(*calls["fwd"]) not in KERNELS:
@@ -308,6 +341,7 @@ def run_backward(
     causal,
     window,
     layout,
+    softmax_scale,
     dk_reduction=DK_REDUCTION,
     dv_reduction=DV_REDUCTION,
 ):
@@ -327,7 +361,16 @@ def run_backward(
     dtype = DTYPE_NAMES[q.dtype]
     dk_reduction, dv_reduction = reductions(heads, kv_heads, dk_reduction, dv_reduction)
     calls = variant_calls(
-        heads, kv_heads, head_dim, causal, window or 0, layout, dtype, dk_reduction, dv_reduction
+        heads,
+        kv_heads,
+        head_dim,
+        causal,
+        window or 0,
+        layout,
+        dtype,
+        softmax_scale,
+        dk_reduction,
+        dv_reduction,
     )
     # Autograd may hand a non-contiguous or differently typed gradient.
     do = do.contiguous().to(q.dtype)
@@ -374,10 +417,11 @@ def forward(
     causal: bool,
     window: int,
     layout: str,
+    softmax_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, lse: fp32, log2 domain); window 0: no sliding window."""
     with on_device(q):
-        return run_forward(q, k, v, sinks, causal, window, layout)
+        return run_forward(q, k, v, sinks, causal, window, layout, softmax_scale)
 
 
 def backward_phases(
@@ -391,9 +435,10 @@ def backward_phases(
     causal: bool,
     window: int,
     layout: str,
+    softmax_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dsinks) by every backward phase, with the spec's dK/dV reductions."""
-    return run_backward(q, k, v, sinks, o, lse, do, causal, window, layout)
+    return run_backward(q, k, v, sinks, o, lse, do, causal, window, layout, softmax_scale)
 
 
 # The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
@@ -404,7 +449,7 @@ backward_op = torch.library.custom_op("opgen::attention_sink_bwd", backward_phas
 
 
 @forward_op.register_fake
-def _(q, k, v, sinks, causal, window, layout):
+def _(q, k, v, sinks, causal, window, layout, softmax_scale):
     batch, heads, seq_len, _ = dims(q, layout)
     return q.new_empty(q.shape), q.new_empty(
         (batch, heads, padded_rows(seq_len)), dtype=torch.float32
@@ -412,12 +457,12 @@ def _(q, k, v, sinks, causal, window, layout):
 
 
 @backward_op.register_fake
-def _(q, k, v, sinks, o, lse, do, causal, window, layout):
+def _(q, k, v, sinks, o, lse, do, causal, window, layout, softmax_scale):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(sinks)
 
 
 def setup_context(ctx, inputs, output):
-    q, k, v, sinks, causal, window, layout = inputs
+    q, k, v, sinks, causal, window, layout, softmax_scale = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)
     # Without this, autograd hands backward() a zero-filled tensor for the output that has no
@@ -425,7 +470,7 @@ def setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
     ctx.save_for_backward(q, k, v, sinks, o, lse)
-    ctx.causal, ctx.window, ctx.layout = causal, window, layout
+    ctx.causal, ctx.window, ctx.layout, ctx.softmax_scale = causal, window, layout, softmax_scale
 
 
 # The phases backward() calls: the custom ops here, their Python functions on the eager path.
@@ -435,10 +480,10 @@ OP_PHASES = {"fwd": forward_op, "bwd": backward_op}
 def backward(ctx, do, _dlse, phases=OP_PHASES):
     q, k, v, sinks, o, lse = ctx.saved_tensors
     dq, dk, dv, dsinks = phases["bwd"](
-        q, k, v, sinks, o, lse, do, ctx.causal, ctx.window, ctx.layout
+        q, k, v, sinks, o, lse, do, ctx.causal, ctx.window, ctx.layout, ctx.softmax_scale
     )
-    # One gradient per forward input; None for causal, window and layout.
-    return dq, dk, dv, dsinks, None, None, None
+    # One gradient per forward input; None for causal, window, layout and softmax_scale.
+    return dq, dk, dv, dsinks, None, None, None, None
 
 
 forward_op.register_autograd(backward, setup_context=setup_context)
@@ -484,14 +529,53 @@ def dense(t):
     return t.contiguous() if isinstance(t, torch.Tensor) else t
 
 
-def apply_op(q, k, v, sinks, causal, window, layout):
-    """O by the formula above, without the input checks of attention_sink(); window None or 0: none."""
+def apply_op(q, k, v, sinks, causal, window, layout, softmax_scale=None):
+    """O by the formula above, without the input checks of attention_sink(); window None or 0: none;
+    softmax_scale None: 1 / sqrt(head_dim)."""
+    softmax_scale = (
+        default_softmax_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    )
     function = EagerFunction.apply if eager(q) else forward_op
-    return function(q, k, v, sinks, causal, window or 0, layout)[0]
+    return function(q, k, v, sinks, causal, window or 0, layout, softmax_scale)[0]
 
 
-def attention_sink(q, k, v, sinks, causal=True, window=None, layout="bshd"):
-    """Softmax attention O = softmax(q k^T / sqrt(head_dim), masked) v, differentiable in q, k, v, sinks.
+def autocast_inputs(*tensors):
+    """The tensors in torch.autocast's dtype where autocast is on for the first one's device type
+    (CUDA or CPU), as SDPA takes them: each floating-point tensor but float64 (autocast's rule) is
+    cast, differentiably, into one dense copy. Off autocast: the tensors as they are."""
+    first = tensors[0]
+    device_type = first.device.type if isinstance(first, torch.Tensor) else None
+    if device_type not in ("cuda", "cpu") or not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    if dtype not in DTYPE_NAMES:
+        raise TypeError(
+            f"attention_sink: torch.autocast's dtype {dtype} is not supported; supported: "
+            f"{', '.join(map(str, DTYPE_NAMES))}"
+        )
+    return tuple(
+        (
+            t.to(dtype, memory_format=torch.contiguous_format)
+            if isinstance(t, torch.Tensor)
+            and t.is_floating_point()
+            and t.dtype not in (dtype, torch.float64)
+            else t
+        )
+        for t in tensors
+    )
+
+
+def cpu_reference(*args, **kwargs):
+    """The reference on CPU tensors, in its own float32 math: under CPU autocast its matmuls would
+    run in autocast's dtype (its inputs are cast already, as the kernels take them)."""
+    if torch.is_autocast_enabled("cpu"):
+        with torch.autocast("cpu", enabled=False):
+            return attention_sink_reference(*args, **kwargs)
+    return attention_sink_reference(*args, **kwargs)
+
+
+def attention_sink(q, k, v, sinks, causal=True, window=None, layout="bshd", *, softmax_scale=None):
+    """Softmax attention O = softmax(q k^T * softmax_scale, masked) v, differentiable in q, k, v, sinks.
 
     q: the queries, torch.float16 or torch.bfloat16; head_dim one of 64, 128;
     [batch, seq_len, heads, head_dim] for layout 'bshd'. Strided views (q, k, v split from a fused projection, or transposed)
@@ -505,24 +589,37 @@ def attention_sink(q, k, v, sinks, causal=True, window=None, layout="bshd"):
     causal: query i sees keys j <= i (else every key).
     window: None, or a positive int (with causal=True): query i sees keys i - window < j <= i.
     layout: "bshd", the dim order of q, k, v and O.
-    Returns O: q's shape and dtype. The scores are scaled by 1 / sqrt(head_dim); softmax and
-    accumulation run in float32.
+    softmax_scale (keyword only): the factor of the scores q k^T before the softmax, a finite
+    number > 0; None (the default) is 1 / sqrt(head_dim), as SDPA's `scale=`. It is a constant
+    of the compiled kernels: each distinct value builds its own once (seconds, then cached).
+    The sinks are logits of that softmax as they are: not scaled.
+    Under torch.autocast (on for q's device type, CUDA or CPU), q, k and v are first cast to
+    autocast's dtype (floating-point ones but float64, as SDPA's are), differentiably: a float32
+    or mixed-dtype call runs in that dtype, and each gradient comes back in its input's dtype.
+    The sinks keep their own dtype (see above).
+    Outside autocast, q, k and v must share one of the dtypes above (else TypeError, before any
+    launch).
+    Returns O: q's shape and (after autocast's cast) dtype. Softmax and accumulation run in
+    float32.
     CUDA tensors run the kernels. CPU tensors run reference.py (plain torch, float32 math,
     differentiable by autograd) after the same input checks: for CPU tests and exports, not
     speed. Tensors on more than one device raise ValueError before any launch.
     batch, heads (k's and v's too) or seq_len 0 is empty work: an empty O, zero gradients (empty
     for empty inputs), no kernel launch.
     """
+    q, k, v = autocast_inputs(q, k, v)
     q, k, v, sinks = (
         dense(q),
         dense(k),
         dense(v),
         dense(sinks),
     )
-    check_inputs(q, k, v, sinks, causal, window, layout)
+    check_inputs(q, k, v, sinks, causal, window, layout, softmax_scale)
     if q.device.type == "cpu":
         # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or
         # torch.compile of a CPU model trace ops that run on the CPU. Only CUDA tensors reach the
         # kernels (apply_op always takes them).
-        return attention_sink_reference(q, k, v, sinks, causal=causal, window=window, layout=layout)
-    return apply_op(q, k, v, sinks, causal, window, layout)
+        return cpu_reference(
+            q, k, v, sinks, causal=causal, window=window, layout=layout, softmax_scale=softmax_scale
+        )
+    return apply_op(q, k, v, sinks, causal, window, layout, softmax_scale)

@@ -2,10 +2,16 @@
 # Edit the spec (copied beside this file as spec.toml) and run `opgen build specs/attention_sink.toml` instead.
 """TileLang kernels of `attention_sink`: one @tilelang.jit factory per phase.
 
-Heads, head dim, dtype, causal, window, layout and tiling are factory arguments; batch and seq_len
-are symbolic (bound from the tensors at each call), so one compiled kernel per variant serves every
-batch and sequence length. Every buffer, outputs included, is passed in. Tensors: [batch, seq_len, heads, head_dim] for layout 'bshd'.
-"""
+Heads, head dim, dtype, causal, window, layout, the softmax scale and tiling are factory
+arguments; batch and seq_len are symbolic (bound from the tensors at each call), so one compiled
+kernel per variant serves every batch and sequence length. Every buffer, outputs included, is
+passed in. Tensors: [batch, seq_len, heads, head_dim] for layout 'bshd'.
+
+The softmax scale is a factory argument of the fwd and bwd kernels (a compile-time constant), not
+a runtime scalar of the prim_func: it folds into the constants of the inner loops' exp2 arguments,
+so every scale runs at the speed of the default 1/sqrt(head_dim). A model uses one scale; each
+distinct value builds its own fwd and bwd kernels once (seconds; TileLang caches them on disk), so
+a scale that changes from call to call would build kernels on every call."""
 
 import tilelang
 import tilelang.language as T
@@ -15,6 +21,11 @@ ACCUM = "float32"
 # Running row max starts finite: a row whose first key blocks are all masked (sliding window)
 # would otherwise compute exp2(-inf - -inf) = NaN.
 NEG_INIT = -1e30
+
+
+def default_softmax_scale(dim):
+    """1 / sqrt(dim): the scale of the scores when the caller gives none (SDPA's default)."""
+    return (1.0 / dim) ** 0.5
 
 
 def runtime_dims():
@@ -118,11 +129,26 @@ def _dq_layout(layout, dQ):
 
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
 def attention_sink_fwd(
-    heads, kv_heads, dim, causal, window, layout, dtype, block_m, block_n, threads, num_stages
+    heads,
+    kv_heads,
+    dim,
+    causal,
+    window,
+    layout,
+    dtype,
+    softmax_scale,
+    block_m,
+    block_n,
+    threads,
+    num_stages,
 ):
-    """O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain), sinks in every row's denominator. Grid (ceildiv(seq_len, block_m), heads, batch)."""
+    """O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain), sinks in every row's denominator. Grid (ceildiv(seq_len, block_m), heads, batch).
+
+    softmax_scale multiplies the scores Q K^T (not the sinks); the kernel works in the log2
+    domain (exp2 of scores * softmax_scale * LOG2E).
+    """
     batch, seq_len = runtime_dims()
-    scale = (1.0 / dim) ** 0.5 * LOG2E
+    scale = softmax_scale * LOG2E
     groups = heads // kv_heads
     q_shape = _shape(layout, batch, heads, seq_len, dim)
     kv_shape = _shape(layout, batch, kv_heads, seq_len, dim)
@@ -243,6 +269,7 @@ def attention_sink_bwd(
     window,
     layout,
     dtype,
+    softmax_scale,
     dk_reduction,
     dv_reduction,
     block_m,
@@ -254,10 +281,10 @@ def attention_sink_bwd(
 
     One block per (query head, KV block): it walks the query blocks that see its keys. dQ (fp32,
     zeroed, atomic target, padded_rows rows) and the dK/dV buffers of `dkv_buffer` are passed in.
+    softmax_scale: the forward's (P is recomputed from lse with it; dS carries it into dQ, dK).
     """
     batch, seq_len = runtime_dims()
-    sm_scale = (1.0 / dim) ** 0.5
-    scale = sm_scale * LOG2E
+    scale = softmax_scale * LOG2E
     groups = heads // kv_heads
     q_shape = _shape(layout, batch, heads, seq_len, dim)
     kv_shape = _shape(layout, batch, kv_heads, seq_len, dim)
@@ -352,7 +379,7 @@ def attention_sink_bwd(
                 T.gemm(qkT_cast, do, dv, policy=T.GemmWarpPolicy.FullRow)
                 T.copy(Delta[bz, bx, k * block_n : (k + 1) * block_n], delta)
                 for i, j in T.Parallel(block_m, block_n):
-                    dsT_cast[i, j] = qkT[i, j] * (dsT[i, j] - delta[j]) * sm_scale
+                    dsT_cast[i, j] = qkT[i, j] * (dsT[i, j] - delta[j]) * softmax_scale
                 T.gemm(dsT_cast, q, dk, policy=T.GemmWarpPolicy.FullRow)
                 T.copy(dsT_cast, dsT_shared)
                 T.clear(dq)

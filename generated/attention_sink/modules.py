@@ -8,25 +8,42 @@ from .autograd import attention_sink
 
 
 class Attention(torch.nn.Module):
-    """attention_sink(q, k, v, self.sinks, causal=self.causal, window=self.window, layout=self.layout) as a module.
+    """attention_sink(q, k, v, self.sinks, causal=self.causal, window=self.window, layout=self.layout, softmax_scale=self.softmax_scale) as a module.
 
-    q, k, v: [batch, seq_len, heads, head_dim] for layout 'bshd'.
+    q, k, v: [batch, seq_len, heads, head_dim] for layout 'bshd'. softmax_scale: the factor of the scores (None:
+    1 / sqrt(head_dim)), fixed at construction: the kernels are built for it.
     Owns `sinks`: one learnable logit per query head (num_heads of them), zero at first, in
     `dtype` (default: torch's default dtype). A model cast to another dtype
     (`model.to(torch.bfloat16)`) still works: the op takes the sinks in any float dtype,
     computes in float32 and returns their gradient in their dtype.
     """
 
-    def __init__(self, num_heads, causal=True, window=None, layout="bshd", device=None, dtype=None):
+    def __init__(
+        self,
+        num_heads,
+        causal=True,
+        window=None,
+        layout="bshd",
+        device=None,
+        dtype=None,
+        softmax_scale=None,
+    ):
         super().__init__()
-        self.causal, self.layout = causal, layout
+        self.causal, self.layout, self.softmax_scale = causal, layout, softmax_scale
         self.window = window
         self.sinks = torch.nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype))
 
     def forward(self, q, k, v):
         return attention_sink(
-            q, k, v, self.sinks, causal=self.causal, window=self.window, layout=self.layout
+            q,
+            k,
+            v,
+            self.sinks,
+            causal=self.causal,
+            window=self.window,
+            layout=self.layout,
+            softmax_scale=self.softmax_scale,
         )
 
     def extra_repr(self):
-        return f"causal={self.causal}, window={self.window}, layout={self.layout!r}"
+        return f"causal={self.causal}, window={self.window}, layout={self.layout!r}, softmax_scale={self.softmax_scale}"

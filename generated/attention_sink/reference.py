@@ -8,14 +8,18 @@ reference gradients."""
 import torch
 
 
-def attention_sink_reference(q, k, v, sinks, causal=True, window=None, layout="bshd"):
+def attention_sink_reference(
+    q, k, v, sinks, causal=True, window=None, layout="bshd", *, softmax_scale=None
+):
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     batch, heads, seq_len, head_dim = q.shape
     # Each KV head serves `groups` consecutive query heads (k with 0 heads comes with q's 0).
     groups = heads // max(k.shape[1], 1)
     k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * head_dim**-0.5
+    if softmax_scale is None:
+        softmax_scale = (1.0 / head_dim) ** 0.5  # as SDPA's scale=None
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * softmax_scale
     query = torch.arange(seq_len, device=q.device)[:, None]
     key = torch.arange(seq_len, device=q.device)[None, :]
     visible = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device)
@@ -24,7 +28,7 @@ def attention_sink_reference(q, k, v, sinks, causal=True, window=None, layout="b
     if window is not None:
         visible &= query - key < window
     scores = scores.masked_fill(~visible, float("-inf"))
-    # The sink is one more logit per row that takes probability mass but has no value.
+    # The sink is one more logit per row (not scaled) that takes probability mass but has no value.
     sink_logits = sinks.float().view(1, heads, 1, 1).expand(batch, heads, seq_len, 1)
     probs = torch.softmax(torch.cat([scores, sink_logits], dim=-1), dim=-1)[..., :-1]
     out = torch.matmul(probs, v.float()).to(q.dtype)

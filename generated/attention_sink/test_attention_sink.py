@@ -30,7 +30,7 @@ from .autograd import (
     variant_calls,
     attention_sink,
 )
-from .kernels import dkv_buffer, padded_rows
+from .kernels import default_softmax_scale, dkv_buffer, padded_rows
 from .reference import attention_sink_reference
 
 requires_cuda = pytest.mark.skipif(
@@ -56,6 +56,8 @@ MASKS = [
 ]
 DTYPES = [torch.float16, torch.bfloat16]
 LAYOUTS = ["bshd"]
+# A softmax_scale other than the default 1 / sqrt(head_dim).
+SOFTMAX_SCALE = 0.3
 # The shape of the atomic double-run check: a grouped one (heads > kv_heads) where there is one.
 ATOMIC_SHAPE = (1, 8, 2, 1000, 64)
 # ATOMIC_SHAPE with batch, heads (and kv_heads) or seq_len 0: empty work.
@@ -171,6 +173,71 @@ def test_matches_reference(
     assert_close("dsinks", got["sinks"], ref["sinks"], dtype)
 
 
+@requires_cuda
+@pytest.mark.parametrize("causal, window", MASKS)
+def test_softmax_scale_matches_reference(causal, window):
+    """softmax_scale other than 1 / sqrt(head_dim) reaches the forward and every backward phase:
+    the output and each gradient against the reference at that scale (the sinks not scaled)."""
+    batch, heads, kv_heads, seq_len, head_dim = SHAPES[0].values
+    dtype, layout = DTYPES[0], LAYOUTS[0]
+    inputs, do = make_inputs(batch, heads, kv_heads, seq_len, head_dim, dtype, layout)
+
+    o = attention_sink(
+        *inputs.values(), causal=causal, window=window, layout=layout, softmax_scale=SOFTMAX_SCALE
+    )
+    o.backward(do, retain_graph=True)
+    got = grads_of(inputs)
+
+    o_ref = attention_sink_reference(
+        *inputs.values(), causal=causal, window=window, layout=layout, softmax_scale=SOFTMAX_SCALE
+    )
+    o_ref.backward(do, retain_graph=True)
+    ref = grads_of(inputs)
+
+    assert_close("O", o, o_ref, dtype)
+    assert_close("dV", got["v"], ref["v"], dtype)
+    assert_close("dK", got["k"], ref["k"], dtype)
+    assert_close("dQ", got["q"], ref["q"], dtype)
+    assert_close("dsinks", got["sinks"], ref["sinks"], dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("given", ["float32", "mixed"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_autocast_casts_the_inputs(dtype, given):
+    """Under torch.autocast, float32 q, k, v (or q and v float32 beside a k in autocast's dtype)
+    are cast to autocast's dtype, as SDPA's are: the output and the gradients are those of the
+    same call with the inputs cast by hand, and each gradient reaches its leaf in the leaf's dtype.
+    """
+    batch, heads, kv_heads, seq_len, head_dim = SHAPES[0].values
+    causal, window = MASKS[-1].values
+    layout = LAYOUTS[0]
+    inputs, do = make_inputs(batch, heads, kv_heads, seq_len, head_dim, dtype, layout)
+    wide = ("q", "k", "v") if given == "float32" else ("q", "v")
+    values = {
+        name: torch.randn_like(t, dtype=torch.float32) if name in wide else t.detach()
+        for name, t in inputs.items()
+    }
+    results = []
+    for autocast in (True, False):
+        leaves = {name: t.clone().requires_grad_() for name, t in values.items()}
+        if autocast:
+            with torch.autocast("cuda", dtype=dtype):
+                o = attention_sink(*leaves.values(), causal=causal, window=window, layout=layout)
+        else:  # by hand: q, k, v in autocast's dtype, differentiably
+            args = [t.to(dtype) if name in ("q", "k", "v") else t for name, t in leaves.items()]
+            o = attention_sink(*args, causal=causal, window=window, layout=layout)
+        grads = torch.autograd.grad(o, list(leaves.values()), do)
+        results.append((o, dict(zip(leaves, grads))))
+    (o, got), (o_hand, want) = results
+    assert o.dtype == dtype
+    torch.testing.assert_close(o, o_hand, rtol=0, atol=0)
+    for name, t in values.items():
+        assert got[name].dtype == t.dtype, f"d{name}: {got[name].dtype}, its leaf {t.dtype}"
+        # dQ (and grouped dK/dV) sum in fp32 atomics, whose order varies between runs.
+        assert_close(f"d{name}", got[name], want[name], dtype)
+
+
 def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduction):
     """The preprocess and main backward kernels on fresh buffers; returns them (dQ, dK, dV raw)."""
     tensors = [t.detach() for t in inputs.values()]
@@ -178,10 +245,20 @@ def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduc
     batch, heads, seq_len, head_dim = dims(q, layout)
     kv_heads = dims(k, layout)[1]
     name = DTYPE_NAMES[q.dtype]
-    o, lse = run_forward(*tensors, causal, window, layout)
+    scale = default_softmax_scale(head_dim)
+    o, lse = run_forward(*tensors, causal, window, layout, scale)
     delta = lse.new_empty(lse.shape)
     calls = variant_calls(
-        heads, kv_heads, head_dim, causal, window or 0, layout, name, dk_reduction, dv_reduction
+        heads,
+        kv_heads,
+        head_dim,
+        causal,
+        window or 0,
+        layout,
+        name,
+        scale,
+        dk_reduction,
+        dv_reduction,
     )
     launcher(calls["preprocess"])(o, do, delta)
     buffers = {
@@ -247,10 +324,13 @@ def test_gqa_atomic_and_split_agree(dtype, causal, window, layout):
     """dK/dV by fp32 atomics and by per-group partials agree; split is bitwise repeatable."""
     inputs, do = make_inputs(*ATOMIC_SHAPE, dtype, layout)
     tensors = [t.detach() for t in inputs.values()]
-    o, lse = run_forward(*tensors, causal, window, layout)
-    atomic = run_backward(*tensors, o, lse, do, causal, window, layout, "atomic", "atomic")
-    split = run_backward(*tensors, o, lse, do, causal, window, layout, "split", "split")
-    split_again = run_backward(*tensors, o, lse, do, causal, window, layout, "split", "split")
+    scale = default_softmax_scale(ATOMIC_SHAPE[-1])
+    o, lse = run_forward(*tensors, causal, window, layout, scale)
+    atomic = run_backward(*tensors, o, lse, do, causal, window, layout, scale, "atomic", "atomic")
+    split = run_backward(*tensors, o, lse, do, causal, window, layout, scale, "split", "split")
+    split_again = run_backward(
+        *tensors, o, lse, do, causal, window, layout, scale, "split", "split"
+    )
     for label, i in (("dK", 1), ("dV", 2)):
         assert torch.equal(
             split[i], split_again[i]
@@ -311,11 +391,12 @@ def opcheck_cases():
     dtype, layout = DTYPES[0], LAYOUTS[0]
     inputs, do = make_inputs(*ATOMIC_SHAPE, dtype, layout)
     tensors = [t.detach() for t in inputs.values()]
+    scale = default_softmax_scale(ATOMIC_SHAPE[-1])
     cases = []
     for causal, window in (mask.values for mask in MASKS):
-        o, lse = forward_op(*tensors, causal, window or 0, layout)
-        cases.append((forward_op, (*inputs.values(), causal, window or 0, layout)))
-        cases.append((backward_op, (*tensors, o, lse, do, causal, window or 0, layout)))
+        o, lse = forward_op(*tensors, causal, window or 0, layout, scale)
+        cases.append((forward_op, (*inputs.values(), causal, window or 0, layout, scale)))
+        cases.append((backward_op, (*tensors, o, lse, do, causal, window or 0, layout, scale)))
     return cases
 
 
@@ -454,6 +535,17 @@ def test_rejects_bad_inputs_before_launch(no_launch):
 
     with pytest.raises(TypeError, match="dtype"):
         call(q=good["q"].float(), k=good["k"].float(), v=good["v"].float())
+    with pytest.raises(TypeError, match="dtype"):  # mixed dtypes outside torch.autocast
+        call(q=good["q"].float())
+    for scale in (0.0, -0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="softmax_scale"):
+            attention_sink(
+                *good.values(), causal=causal, window=window, layout=layout, softmax_scale=scale
+            )
+    with pytest.raises(TypeError, match="softmax_scale"):
+        attention_sink(
+            *good.values(), causal=causal, window=window, layout=layout, softmax_scale="0.1"
+        )
     with pytest.raises(ValueError, match="4-D"):
         call(q=good["q"][0], k=good["k"][0], v=good["v"][0])
     with pytest.raises(ValueError, match="contiguous"):  # apply_op's callers: dense tensors only

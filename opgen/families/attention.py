@@ -473,7 +473,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     params = [*tensor_inputs, f"causal={section.causal}"]
     if section.sliding_window:
         params.append("window=None")
-    params.append(f'layout="{section.layouts[0]}"')
+    params += [f'layout="{section.layouts[0]}"', "*", "softmax_scale=None"]
     window_arg = "window" if section.sliding_window else "None"
     grad_names = [g.grad for g in grads]
 
@@ -507,8 +507,8 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         sliding_window=section.sliding_window,
         tensor_inputs=tensor_inputs,
         params=", ".join(params),
-        apply_args=", ".join([*tensor_inputs, "causal", window_arg, "layout"]),
-        grad_returns=", ".join([*grad_names, "None", "None", "None"]),
+        apply_args=", ".join([*tensor_inputs, "causal", window_arg, "layout", "softmax_scale"]),
+        grad_returns=", ".join([*grad_names, "None", "None", "None", "None"]),
         call_kwargs=", ".join(
             ["causal=causal", *(["window=window"] if section.sliding_window else []), "layout=layout"]
         ),
@@ -534,6 +534,12 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     )
 
 
+def default_softmax_scale(head_dim: int) -> float:
+    """1 / sqrt(head_dim), as the generated kernels.py computes it (`default_softmax_scale`): the
+    scale the generated function uses when the caller gives none, and the one compile-checked."""
+    return (1.0 / head_dim) ** 0.5
+
+
 def _compile_jobs(spec, kernels, chosen, test_cases, mask_cases) -> tuple[CompileJob, ...]:
     """Every kernel variant the package launches: per layout, dtype and head dim, each mask mode,
     and the bwd dK/dV modes (MHA shapes write directly; grouped shapes use the spec's reduction,
@@ -547,16 +553,18 @@ def _compile_jobs(spec, kernels, chosen, test_cases, mask_cases) -> tuple[Compil
     jobs = []
     for layout, dtype, dim in itertools.product(section.layouts, spec.dtypes, section.head_dims):
         tag = f"{layout} {dtype} d{dim}"
+        # The default scale: another scale is another constant in the same code.
+        scale = default_softmax_scale(dim)
         for mask in mask_cases:
             window = mask.window or 0
             k = kernels["fwd"]
-            jobs.append(CompileJob(k.factory, (1, 1, dim, mask.causal, window, layout, dtype),
+            jobs.append(CompileJob(k.factory, (1, 1, dim, mask.causal, window, layout, dtype, scale),
                                    k.tiling, f"fwd {tag} {mask.id}"))
             k = kernels["bwd"]
             for g, dk, dv in bwd_modes:
                 modes = f"groups={g} dk={dk} dv={dv}"
                 jobs.append(CompileJob(
-                    k.factory, (g, 1, dim, mask.causal, window, layout, dtype, dk, dv),
+                    k.factory, (g, 1, dim, mask.causal, window, layout, dtype, scale, dk, dv),
                     k.tiling, f"bwd {tag} {mask.id} {modes}"))
         for key in ("preprocess", "postprocess"):
             k = kernels[key]

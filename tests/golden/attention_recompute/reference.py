@@ -8,14 +8,16 @@ reference gradients."""
 import torch
 
 
-def attention_recompute_reference(q, k, v, causal=True, layout="bhsd"):
+def attention_recompute_reference(q, k, v, causal=True, layout="bhsd", *, softmax_scale=None):
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     batch, heads, seq_len, head_dim = q.shape
     # Each KV head serves `groups` consecutive query heads (k with 0 heads comes with q's 0).
     groups = heads // max(k.shape[1], 1)
     k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * head_dim**-0.5
+    if softmax_scale is None:
+        softmax_scale = (1.0 / head_dim) ** 0.5  # as SDPA's scale=None
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * softmax_scale
     query = torch.arange(seq_len, device=q.device)[:, None]
     key = torch.arange(seq_len, device=q.device)[None, :]
     visible = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device)
