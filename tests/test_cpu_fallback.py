@@ -29,9 +29,10 @@ def randn(*shape, dtype):
 GEN = torch.Generator().manual_seed(0)
 
 
-def sdpa64(q, k, v, causal, window=None, sinks=None, layout="bshd"):
-    """Softmax attention in float64 by torch's SDPA math; a sink logit s per head scales each row
-    by L / (L + exp(s)) = sigmoid(lse - s), L the row's sum of exp(scores)."""
+def sdpa64(q, k, v, causal, window=None, sinks=None, layout="bshd", scale=None):
+    """Softmax attention in float64 by torch's SDPA math (scale None: 1 / sqrt(head_dim)); a sink
+    logit s per head (not scaled) scales each row by L / (L + exp(s)) = sigmoid(lse - s), L the
+    row's sum of exp(scaled scores)."""
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     q, k, v = (t.double() for t in (q, k, v))
@@ -43,9 +44,9 @@ def sdpa64(q, k, v, causal, window=None, sinks=None, layout="bshd"):
     visible = (j <= i) if causal else torch.ones(seq_len, seq_len, dtype=torch.bool)
     if window is not None:
         visible = visible & (i - j < window)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
     if sinks is not None:
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(head_dim)
+        scores = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(head_dim) if scale is None else scale)
         lse = scores.masked_fill(~visible, float("-inf")).logsumexp(-1, keepdim=True)
         o = o * torch.sigmoid(lse - sinks.double().view(1, -1, 1, 1))
     return o.transpose(1, 2) if layout == "bshd" else o
@@ -82,6 +83,11 @@ CASES = {
                 attention_inputs(3, 3, 13, dtype, layout), {"causal": causal, "layout": layout},
                 lambda q, k, v: sdpa64(q, k, v, causal, layout=layout)))
         for layout in ("bshd", "bhsd") for causal in (False, True) for dtype in (F16, BF16)
+    } | {
+        "bhsd-causal-scale0.3": lambda: (
+            attention_inputs(3, 3, 13, F16, "bhsd"),
+            {"causal": True, "layout": "bhsd", "softmax_scale": 0.3},
+            lambda q, k, v: sdpa64(q, k, v, True, layout="bhsd", scale=0.3)),
     },
     "attention_sink": {
         f"window{window}": (
@@ -89,10 +95,18 @@ CASES = {
                 attention_inputs(6, 2, 17, BF16, sinks=True), {"causal": True, "window": window},
                 lambda q, k, v, sinks: sdpa64(q, k, v, True, window, sinks)))
         for window in (None, 5)
+    } | {
+        "window5-scale0.3": lambda: (
+            attention_inputs(6, 2, 17, BF16, sinks=True),
+            {"causal": True, "window": 5, "softmax_scale": 0.3},
+            lambda q, k, v, sinks: sdpa64(q, k, v, True, 5, sinks, scale=0.3)),
     },
     "gqa": {
         "causal": lambda: (attention_inputs(6, 3, 11, F16), {"causal": True},
                            lambda q, k, v: sdpa64(q, k, v, True)),
+        "full-scale1.5": lambda: (attention_inputs(6, 3, 11, F16),
+                                  {"causal": False, "softmax_scale": 1.5},
+                                  lambda q, k, v: sdpa64(q, k, v, False, scale=1.5)),
     },
     "linear_attention": {
         "dk40-dv24": lambda: (
