@@ -1,5 +1,5 @@
 """opgen: generate differentiable TileLang operators from TOML specs (new, list, build, check,
-explain, test, bench)."""
+explain, test, bench, plot)."""
 
 from __future__ import annotations
 
@@ -520,17 +520,61 @@ def test(ctx: typer.Context, name: str = typer.Argument(..., help="Operator name
 
 @app.command()
 def bench(name: str = typer.Argument(..., help="Operator name."),
-          out_dir: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help=OUT_HELP)
-         ) -> None:
+          out_dir: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help=OUT_HELP),
+          sweep: bool = typer.Option(False, "--sweep", help="Time the plan's sweep of sequence "
+                                     "lengths (or sizes) instead of the spec's \\[bench] shapes."),
+          overhead: bool = typer.Option(False, "--overhead",
+                                        help="Only the host time per call at a tiny shape."),
+          json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH",
+                                                   help="Also write every row printed to PATH "
+                                                        "as JSON."),
+          plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="PNG",
+                                                   help="Run the sweep, write its JSON beside "
+                                                        "PNG (PNG's name with .json, or --json "
+                                                        "PATH), then draw it (needs matplotlib: "
+                                                        "pip install 'opgen\\[plot]')."),
+          ) -> None:
     """Run the generated benchmark of generated/<name>/ (needs a CUDA GPU)."""
     with user_errors():
         package = _package(name, _out_root(out_dir))
+        if overhead and (sweep or plot_path):
+            raise OpgenError(f"--overhead times no sweep: drop it or {'--plot' if plot_path else '--sweep'}")
+        if plot_path is not None:
+            from opgen.plot import figure_class, plot_sweep
+
+            figure_class()  # without matplotlib: say so now, not after the benchmark
+            sweep, json_path = True, json_path or plot_path.with_suffix(".json")
+            if json_path.resolve() == plot_path.resolve():
+                raise OpgenError(f"--plot: {plot_path.as_posix()} would be the JSON too; give it "
+                                 "another suffix (.png) or --json another path")
+        flags = [*(["--sweep"] if sweep else []), *(["--overhead"] if overhead else []),
+                 *(["--json", str(json_path)] if json_path else [])]
         # `python -m <name>.bench_<name>` with DIR first on the path: the package imports itself
         # by its own name, whatever DIR is.
         path = os.environ.get("PYTHONPATH")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(package.parent.resolve()), *([path] if path else [])])}
-        raise typer.Exit(subprocess.call([sys.executable, "-m", f"{name}.bench_{name}"], env=env))
+        status = subprocess.call([sys.executable, "-m", f"{name}.bench_{name}", *flags], env=env)
+        if status != 0 or plot_path is None:
+            raise typer.Exit(status)
+        plot_sweep(json_path, plot_path)
+        out.print(f"wrote {plot_path.as_posix()} from {json_path.as_posix()}")
+
+
+@app.command()
+def plot(rows: Path = typer.Argument(..., metavar="ROWS.json",
+                                     help="A bench's JSON, from --sweep --json PATH."),
+         image: Path = typer.Argument(..., metavar="OUT.png",
+                                      help="The plot to write (PNG; another suffix, another "
+                                           "format matplotlib writes: .svg, .pdf).")) -> None:
+    """Draw a bench's sweep (its --json file): fwd and bwd throughput, one line per implementation.
+
+    Needs matplotlib: pip install 'opgen\\[plot]'."""
+    from opgen.plot import plot_sweep
+
+    with user_errors():
+        plot_sweep(rows, image)
+        out.print(f"wrote {image.as_posix()} from {rows.as_posix()}")
 
 
 def _package(name: str, out_root: Path = OUT_ROOT) -> Path:

@@ -6,7 +6,7 @@ A plan holds every derived value the templates print. Templates make no decision
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel
@@ -136,6 +136,32 @@ class GradPlan:
         return BUFFER_ALLOC[self.reduction]
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """The benchmark's --sweep: the first [bench] shape with one size (`axis`) stepped over a few
+    points, for a plot of speed against size. A few points only: each costs the baselines'
+    compiles (torch.compile, FlexAttention) and every implementation's warm-up and repeats, and a
+    sweep should stay near two minutes on an H200."""
+
+    axis: str  # the bench field the plot's x axis reads
+    label: str  # the x axis in words
+    points: tuple[int, ...]  # the values of axis, smallest first
+    cases: tuple[Any, ...]  # bench cases (the family's type), one per point
+
+
+# The row-wise families (rmsnorm, scaled_silu, swiglu) sweep the row count at the first bench
+# shape's channels, up to 2^29 elements in a tensor (1 GiB in 16 bits): the largest points are
+# bandwidth-bound already, and every point stays far from the int32 index limit.
+ROWS_SWEEP = (256, 1024, 4096, 16384, 65536)
+MAX_SWEEP_ELEMENTS = 2**29
+
+
+def rows_sweep(channels: int) -> tuple[int, ...]:
+    """The row counts a row-wise family sweeps at `channels` (elements of its widest tensor's
+    row)."""
+    return tuple(rows for rows in ROWS_SWEEP if rows * channels <= MAX_SWEEP_ELEMENTS)
+
+
 @dataclass(frozen=True, kw_only=True)
 class PlanBase:
     """The fields every family's plan has; a family's Plan adds its own."""
@@ -154,6 +180,13 @@ class PlanBase:
     test_cases: tuple[Any, ...]
     tolerances: dict[str, Tolerance]
     bench: BenchSection
+    # The benchmark: its cases (the spec's [bench] shapes; each case's `row` is what the generated
+    # SHAPES holds: the values named by bench_fields, then the fwd and bwd FLOPs or bytes), what
+    # their throughput is counted in, and the --sweep.
+    bench_cases: tuple[Any, ...]
+    bench_fields: tuple[str, ...]
+    bench_unit: str  # TFLOP/s | GB/s
+    sweep: Sweep
     compile_jobs: tuple[CompileJob, ...]
 
     def __post_init__(self) -> None:
@@ -296,6 +329,10 @@ class BytesBenchCase:
     fwd_bytes: int  # x and w read once, y written once
     bwd_bytes: int  # dy, x and w read once, dx and dw written once
 
+    @property
+    def row(self) -> tuple:
+        return astuple(self)
+
 
 @dataclass(frozen=True, kw_only=True)
 class SavedAuxPlan(PlanBase):
@@ -325,7 +362,7 @@ def saved_aux_fields(spec: Any, source: SourceInfo, section: Any, aux: str, save
         "saved": ("x", "w", aux) if save else ("x", "w"),
         "recomputed": () if save else (aux,),
         "test_cases": tuple(ShapeCase(tuple(s)) for s in spec.test.shapes),
-        "bench_cases": bytes_bench_cases(spec.bench, section.weight_dtype, w_numel),
+        **bytes_bench_fields(spec.bench, section.weight_dtype, w_numel),
     }
 
 
@@ -347,16 +384,25 @@ def weighted_bytes_moved(numel: int, w_numel: int, elem: int, w_elem: int) -> tu
     return 2 * numel * elem + w_bytes, 3 * numel * elem + 2 * w_bytes
 
 
-def bytes_bench_cases(bench: Any, weight_dtype_choice: str,
-                      w_numel: Callable[[int], int]) -> tuple[BytesBenchCase, ...]:
-    """The benchmark's shapes in its dtype; w_numel: w's elements at a channel count."""
+def bytes_bench_fields(bench: Any, weight_dtype_choice: str,
+                       w_numel: Callable[[int], int]) -> dict[str, Any]:
+    """The PlanBase bench fields of an op of x [rows, channels] and w: the benchmark's shapes and
+    its row sweep in its dtype, in bytes moved; w_numel: w's elements at a channel count."""
     elem = DTYPE_BYTES[bench.dtype]
     w_elem = DTYPE_BYTES[weight_dtype(weight_dtype_choice, bench.dtype)]
-    return tuple(
-        BytesBenchCase(s.rows, s.channels, *weighted_bytes_moved(s.rows * s.channels,
-                                                                 w_numel(s.channels), elem, w_elem))
-        for s in bench.shapes
-    )
+
+    def case(rows: int, channels: int) -> BytesBenchCase:
+        return BytesBenchCase(rows, channels, *weighted_bytes_moved(
+            rows * channels, w_numel(channels), elem, w_elem))
+
+    channels = bench.shapes[0].channels
+    points = rows_sweep(channels)
+    return {
+        "bench_cases": tuple(case(s.rows, s.channels) for s in bench.shapes),
+        "bench_fields": ("rows", "channels"),
+        "bench_unit": "GB/s",
+        "sweep": Sweep("rows", "rows", points, tuple(case(rows, channels) for rows in points)),
+    }
 
 
 # The generated tests run both choices of a tensor the spec saves or recomputes (their RSTD and

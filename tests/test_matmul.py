@@ -261,16 +261,21 @@ def test_plan_compile_jobs(project):
     p = plan_of(project, BIAS)
     labels = [j.label for j in p.compile_jobs]
     # m is symbolic: a job per (n, k) variant. Per dtype at the tail shape: fwd with and without
-    # bias, dA, dB, dbias; per bench shape the same with the spec's bias.
-    assert len(labels) == 2 * 5 + 2 * 4
+    # bias, dA, dB, dbias; per bench shape the same with the spec's bias; then the bench sweep's
+    # square sizes the bench shapes leave out (512, 1024, 2048).
+    assert len(labels) == 2 * 5 + 2 * 4 + 3 * 4
     assert labels[:5] == [
         "fwd float16 n=777 k=336 bias=True", "fwd float16 n=777 k=336 bias=False",
         "bwd_da float16 n=777 k=336", "bwd_db float16 n=777 k=336", "bwd_dbias float16 n=777",
     ]
-    assert labels[-4:] == ["fwd bfloat16 n=8192 k=8192 bias=True (bench)",
-                           "bwd_da bfloat16 n=8192 k=8192 (bench)",
-                           "bwd_db bfloat16 n=8192 k=8192 (bench)",
-                           "bwd_dbias bfloat16 n=8192 (bench)"]
+    assert labels[14:18] == ["fwd bfloat16 n=8192 k=8192 bias=True (bench)",
+                             "bwd_da bfloat16 n=8192 k=8192 (bench)",
+                             "bwd_db bfloat16 n=8192 k=8192 (bench)",
+                             "bwd_dbias bfloat16 n=8192 (bench)"]
+    assert labels[-4:] == ["fwd bfloat16 n=2048 k=2048 bias=True (bench sweep)",
+                           "bwd_da bfloat16 n=2048 k=2048 (bench sweep)",
+                           "bwd_db bfloat16 n=2048 k=2048 (bench sweep)",
+                           "bwd_dbias bfloat16 n=2048 (bench sweep)"]
     fwd, _, da, db, dbias = p.compile_jobs[:5]
     assert (fwd.factory, fwd.args, fwd.tiling) == (
         "x_fwd", (777, 336, "float16", True), p.kernels["fwd"].tiling)
@@ -278,7 +283,7 @@ def test_plan_compile_jobs(project):
     assert (db.factory, db.args) == ("x_bwd_db", (777, 336, "float16"))
     assert (dbias.factory, dbias.args) == ("x_bwd_dbias", (777, "float16"))
     plain = plan_of(project, MINIMAL + 'dtypes = ["bfloat16"]\n')
-    assert len(plain.compile_jobs) == 3 + 2 * 3
+    assert len(plain.compile_jobs) == 3 + 2 * 3 + 3 * 3
     assert not any("dbias" in j.label or "bias=True" in j.label for j in plain.compile_jobs)
 
 
@@ -287,7 +292,7 @@ def test_plan_compile_jobs_build_a_shared_variant_once(project):
     p = plan_of(project, MINIMAL + 'dtypes = ["bfloat16"]\n[bench]\nshapes = [{ m = 4096, n = 512, '
                 "k = 256 }, { m = 77, n = 512, k = 256 }]\n")
     keys = [(j.factory, j.args) for j in p.compile_jobs]
-    assert len(keys) == len(set(keys)) == 3 + 3
+    assert len(keys) == len(set(keys)) == 3 + 3 + 5 * 3  # and the five sweep sizes
 
 
 def test_plan_bench_flops(project):

@@ -3,14 +3,22 @@
 """Benchmark of `attention_sink` against SDPA (cuDNN, flash) and FlexAttention, in one run.
 
     opgen bench attention_sink          (or: python -m <this package>.bench_attention_sink)
+    --sweep: at sequence length 1024, 2048, 4096, 8192, 16384 instead of the spec's shapes (SWEEP)
+    --overhead: only the host time per call at a tiny shape
+    --json PATH: every row printed also written to PATH, with the GPU, versions and date
 
 TFLOP/s with fwd = 4 * B * H * D * (visible query-key pairs) and bwd = 2.5 * fwd; median times
 from tilelang.profiler.do_bench. A baseline that cannot compute this operator (sinks, window) or
 cannot run here prints its reason instead of a number."""
 
+import argparse
+import datetime
+import json
+import os
 import sys
 import time
 
+import tilelang
 import torch
 from tilelang.profiler import do_bench
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -24,6 +32,18 @@ SHAPES = [
     (2, 32, 8, 4096, 128, True, None, 274945015808, 687362539520),
     (2, 32, 8, 4096, 128, True, 1024, 120275861504, 300689653760),
 ]
+# The names of a case's first values: the "case" of its rows in the --json file.
+CASE_FIELDS = ("batch", "heads", "kv_heads", "seq_len", "head_dim", "causal", "window")
+# --sweep: the first shape with seq_len at each point, in the tuples of SHAPES.
+SWEEP_AXIS, SWEEP_LABEL = "seq_len", "sequence length"
+SWEEP = [
+    (2, 32, 8, 1024, 128, True, None, 17196646400, 42991616000),
+    (2, 32, 8, 2048, 128, True, None, 68753031168, 171882577920),
+    (2, 32, 8, 4096, 128, True, None, 274945015808, 687362539520),
+    (2, 32, 8, 8192, 128, True, None, 1099645845504, 2749114613760),
+    (2, 32, 8, 16384, 128, True, None, 4398314946560, 10995787366400),
+]
+UNIT = "TFLOP/s"  # what a row's fwd_throughput and bwd_throughput count
 DTYPE = torch.bfloat16
 LAYOUT = "bshd"
 WARMUP_MS, REP_MS = 25, 100
@@ -113,30 +133,35 @@ def bench_one(fn, inputs, do):
     return fwd_ms, bwd_ms
 
 
-def main():
+def main(cases, table, records):
     device = torch.cuda.get_device_name()
     print(f"# attention_sink on {device}, {DTYPE}, layout {LAYOUT}, torch {torch.__version__}")
     print(
         "| B | H | KV | S | D | causal | window | implementation | fwd ms | fwd TF/s | bwd ms | bwd TF/s |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for batch, heads, kv_heads, seq_len, head_dim, causal, window, fwd_flops, bwd_flops in SHAPES:
+    for shape in cases:
+        batch, heads, kv_heads, seq_len, head_dim, causal, window, fwd_flops, bwd_flops = shape
+        case = dict(zip(CASE_FIELDS, shape))
         torch.manual_seed(0)
         inputs, do = make_inputs(batch, heads, kv_heads, seq_len, head_dim)
         for name, fn in candidates(seq_len, causal, window, kv_heads != heads).items():
             row = f"| {batch} | {heads} | {kv_heads} | {seq_len} | {head_dim} | {causal} | {window} | {name} |"
             if isinstance(fn, str):
                 print(f"{row} {fn} | | | |")
+                records.add(table, case, name, error=fn.removeprefix("n/a: "))
                 continue
             try:
                 fwd_ms, bwd_ms = bench_one(fn, inputs, do)
             except Exception as exc:  # a baseline missing on this machine is reported, not fatal
                 reason = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
                 print(f"{row} n/a: {reason} | | | |")
+                records.add(table, case, name, error=reason)
                 continue
-            print(
-                f"{row} {fwd_ms:.3f} | {fwd_flops / fwd_ms / 1e9:.1f} | {bwd_ms:.3f} | {bwd_flops / bwd_ms / 1e9:.1f} |"
-            )
+            fwd_tflops, bwd_tflops = fwd_flops / fwd_ms / 1e9, bwd_flops / bwd_ms / 1e9
+            print(f"{row} {fwd_ms:.3f} | {fwd_tflops:.1f} | {bwd_ms:.3f} | {bwd_tflops:.1f} |")
+            records.timed(table, case, name, fwd_ms, fwd_tflops, bwd_ms, bwd_tflops)
+        records.save()
         sys.stdout.flush()
 
 
@@ -165,34 +190,126 @@ def host_us(fn, calls=300):
     return best
 
 
-def host_overhead():
+def host_overhead(records):
     """Each implementation's host time per call at a tiny shape: what a model pays per layer when
     the kernels are short."""
     fns, inputs, grad = tiny_case()
     print(f"\n# host time per call at a tiny shape ({TINY}), us")
     print("| implementation | fwd us | fwd+bwd us |")
     print("|---|---|---|")
+    case = {"shape": TINY}
     for name, fn in fns.items():
         if isinstance(fn, str):
             print(f"| {name} | {fn} | |")
+            records.add("host overhead", case, name, error=fn.removeprefix("n/a: "))
             continue
         try:
             fwd = host_us(lambda: fn(*inputs))
             both = host_us(lambda: torch.autograd.grad(fn(*inputs), inputs, grad))
         except Exception as exc:  # a baseline missing on this machine is reported, not fatal
-            print(
-                f"| {name} | n/a: {str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__} | |"
-            )
+            reason = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
+            print(f"| {name} | n/a: {reason} | |")
+            records.add("host overhead", case, name, error=reason)
             continue
         print(f"| {name} | {fwd:.1f} | {both:.1f} |")
+        records.add("host overhead", case, name, fwd_us=fwd, fwd_bwd_us=both)
+    records.save()
     sys.stdout.flush()
 
 
+class Records:
+    """Every row the tables print, as a record: its table ("shapes", "sweep" or "host
+    overhead"), case (CASE_FIELDS and their values), implementation, numbers, and the reason it
+    did not run (error, else None). With a path, save() writes them all there as JSON, after
+    each case: a run cut short keeps what it measured."""
+
+    def __init__(self, path=None):
+        self.path = path
+        self.rows = []
+
+    def add(self, table, case, implementation, error=None, **numbers):
+        row = {"table": table, "case": case, "implementation": implementation}
+        self.rows.append({**row, **numbers, "error": error})
+
+    def timed(self, table, case, implementation, fwd_ms, fwd, bwd_ms, bwd, **more):
+        """A row of main(): each pass's ms and throughput (in UNIT); more: the table's other
+        columns."""
+        self.add(
+            table,
+            case,
+            implementation,
+            fwd_ms=fwd_ms,
+            fwd_throughput=fwd,
+            bwd_ms=bwd_ms,
+            bwd_throughput=bwd,
+            unit=UNIT,
+            **more,
+        )
+
+    def save(self):
+        if self.path:
+            write_json(self.path, self.rows)
+
+
+def metadata():
+    """What the rows were measured with: the package, dtype, unit and sweep axis, the torch and
+    TileLang versions, the GPU, the date (UTC) and the command line."""
+    return {
+        "package": "attention_sink",
+        "dtype": str(DTYPE).removeprefix("torch."),
+        "unit": UNIT,
+        "sweep": {"axis": SWEEP_AXIS, "label": SWEEP_LABEL},
+        "torch": torch.__version__,
+        "tilelang": tilelang.__version__,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+    }
+
+
+def write_json(path, rows):
+    """metadata() and rows as one JSON object at path: written beside it, then renamed over it,
+    so a reader never sees half a file."""
+    partial = f"{path}.partial"
+    with open(partial, "w", encoding="utf-8") as f:
+        json.dump({**metadata(), "rows": rows}, f, indent=1)
+        f.write("\n")
+    os.replace(partial, path)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="bench_attention_sink",
+        description="Benchmark of attention_sink against SDPA (cuDNN, flash) and FlexAttention.",
+    )
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--sweep",
+        action="store_true",
+        help="time sequence length 1024, 2048, 4096, 8192, 16384 (SWEEP) instead of the spec's shapes; no host-time table",
+    )
+    which.add_argument(
+        "--overhead", action="store_true", help="only the host time per call at a tiny shape"
+    )
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write every row printed to PATH as JSON, with the GPU, versions and date",
+    )
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
+    args = parse_args()
     if not torch.cuda.is_available():
         sys.exit(
             f"bench_attention_sink: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was timed"
         )
-    if "--overhead" not in sys.argv[1:]:
-        main()
-    host_overhead()
+    records = Records(args.json)
+    records.save()  # a path that cannot be written fails now, before any timing
+    if args.sweep:
+        main(SWEEP, "sweep", records)
+    else:
+        if not args.overhead:
+            main(SHAPES, "shapes", records)
+        host_overhead(records)

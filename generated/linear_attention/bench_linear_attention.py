@@ -3,6 +3,9 @@
 """Benchmark of `linear_attention` against PyTorch baselines, in one run.
 
     opgen bench linear_attention          (or: python -m <this package>.bench_linear_attention)
+    --sweep: at sequence length 1024, 2048, 4096, 8192, 16384 instead of the spec's shapes (SWEEP)
+    --overhead: only the host time per call at a tiny shape
+    --json PATH: every row printed also written to PATH, with the GPU, versions and date
 
 TFLOP/s of the same FLOP count for every implementation: the chunked algorithm's (chunk 64),
 fwd B H ceil(S/C) (2 C^2 (Dk + Dv) + 4 C Dk Dv), bwd 3x that. Baselines: the same chunked algorithm
@@ -15,9 +18,14 @@ that cannot run here prints its reason instead of a number. The last column is e
 largest difference from opgen's, relative to opgen's largest |o|: every row computes one operator.
 """
 
+import argparse
+import datetime
+import json
+import os
 import sys
 import time
 
+import tilelang
 import torch
 import torch.nn.functional as F
 from tilelang.profiler import do_bench
@@ -37,6 +45,18 @@ SHAPES = [
     (8, 4096, 16, 128, 128, 51539607552, 154618822656),
     (4, 8192, 16, 64, 64, 17179869184, 51539607552),
 ]
+# The names of a case's first values: the "case" of its rows in the --json file.
+CASE_FIELDS = ("batch", "seq_len", "heads", "dim_k", "dim_v")
+# --sweep: the first shape with seq_len at each point, in the tuples of SHAPES.
+SWEEP_AXIS, SWEEP_LABEL = "seq_len", "sequence length"
+SWEEP = [
+    (8, 1024, 16, 128, 128, 12884901888, 38654705664),
+    (8, 2048, 16, 128, 128, 25769803776, 77309411328),
+    (8, 4096, 16, 128, 128, 51539607552, 154618822656),
+    (8, 8192, 16, 128, 128, 103079215104, 309237645312),
+    (8, 16384, 16, 128, 128, 206158430208, 618475290624),
+]
+UNIT = "TFLOP/s"  # what a row's fwd_throughput and bwd_throughput count
 DTYPE = torch.bfloat16
 CHUNK = 64
 WARMUP_MS, REP_MS = 25, 100
@@ -105,7 +125,7 @@ def bench_one(fn, inputs, do):
     return fwd_ms, bwd_ms, o.detach()
 
 
-def main():
+def main(cases, table, records):
     device = torch.cuda.get_device_name()
     print(f"# linear_attention on {device}, {DTYPE}, torch {torch.__version__}")
     print(f"# flash-linear-attention: {FLA_MISSING or 'installed'}")
@@ -113,7 +133,9 @@ def main():
         "| B | S | H | Dk | Dv | implementation | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | max diff vs opgen |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for batch, seq_len, heads, dim_k, dim_v, fwd_flops, bwd_flops in SHAPES:
+    for shape in cases:
+        batch, seq_len, heads, dim_k, dim_v, fwd_flops, bwd_flops = shape
+        case = dict(zip(CASE_FIELDS, shape))
         torch.manual_seed(0)
         (q, k, v), do = make_inputs(batch, seq_len, heads, dim_k, dim_v)
         opgen_o = None
@@ -124,6 +146,7 @@ def main():
             except Exception as exc:  # a baseline that cannot run here is reported, not fatal
                 reason = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
                 print(f"{row} n/a: {reason} | | | | |")
+                records.add(table, case, name, error=reason)
                 torch.cuda.empty_cache()
                 continue
             opgen_o = o.float() if opgen_o is None else opgen_o
@@ -132,6 +155,10 @@ def main():
             print(
                 f"{row} {fwd_ms:.3f} | {fwd_tflops:.0f} | {bwd_ms:.3f} | {bwd_tflops:.0f} | {diff:.1e} |"
             )
+            records.timed(
+                table, case, name, fwd_ms, fwd_tflops, bwd_ms, bwd_tflops, max_diff_vs_opgen=diff
+            )
+        records.save()
         sys.stdout.flush()
 
 
@@ -160,34 +187,126 @@ def host_us(fn, calls=300):
     return best
 
 
-def host_overhead():
+def host_overhead(records):
     """Each implementation's host time per call at a tiny shape: what a model pays per layer when
     the kernels are short."""
     fns, inputs, grad = tiny_case()
     print(f"\n# host time per call at a tiny shape ({TINY}), us")
     print("| implementation | fwd us | fwd+bwd us |")
     print("|---|---|---|")
+    case = {"shape": TINY}
     for name, fn in fns.items():
         if isinstance(fn, str):
             print(f"| {name} | {fn} | |")
+            records.add("host overhead", case, name, error=fn.removeprefix("n/a: "))
             continue
         try:
             fwd = host_us(lambda: fn(*inputs))
             both = host_us(lambda: torch.autograd.grad(fn(*inputs), inputs, grad))
         except Exception as exc:  # a baseline missing on this machine is reported, not fatal
-            print(
-                f"| {name} | n/a: {str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__} | |"
-            )
+            reason = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
+            print(f"| {name} | n/a: {reason} | |")
+            records.add("host overhead", case, name, error=reason)
             continue
         print(f"| {name} | {fwd:.1f} | {both:.1f} |")
+        records.add("host overhead", case, name, fwd_us=fwd, fwd_bwd_us=both)
+    records.save()
     sys.stdout.flush()
 
 
+class Records:
+    """Every row the tables print, as a record: its table ("shapes", "sweep" or "host
+    overhead"), case (CASE_FIELDS and their values), implementation, numbers, and the reason it
+    did not run (error, else None). With a path, save() writes them all there as JSON, after
+    each case: a run cut short keeps what it measured."""
+
+    def __init__(self, path=None):
+        self.path = path
+        self.rows = []
+
+    def add(self, table, case, implementation, error=None, **numbers):
+        row = {"table": table, "case": case, "implementation": implementation}
+        self.rows.append({**row, **numbers, "error": error})
+
+    def timed(self, table, case, implementation, fwd_ms, fwd, bwd_ms, bwd, **more):
+        """A row of main(): each pass's ms and throughput (in UNIT); more: the table's other
+        columns."""
+        self.add(
+            table,
+            case,
+            implementation,
+            fwd_ms=fwd_ms,
+            fwd_throughput=fwd,
+            bwd_ms=bwd_ms,
+            bwd_throughput=bwd,
+            unit=UNIT,
+            **more,
+        )
+
+    def save(self):
+        if self.path:
+            write_json(self.path, self.rows)
+
+
+def metadata():
+    """What the rows were measured with: the package, dtype, unit and sweep axis, the torch and
+    TileLang versions, the GPU, the date (UTC) and the command line."""
+    return {
+        "package": "linear_attention",
+        "dtype": str(DTYPE).removeprefix("torch."),
+        "unit": UNIT,
+        "sweep": {"axis": SWEEP_AXIS, "label": SWEEP_LABEL},
+        "torch": torch.__version__,
+        "tilelang": tilelang.__version__,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+    }
+
+
+def write_json(path, rows):
+    """metadata() and rows as one JSON object at path: written beside it, then renamed over it,
+    so a reader never sees half a file."""
+    partial = f"{path}.partial"
+    with open(partial, "w", encoding="utf-8") as f:
+        json.dump({**metadata(), "rows": rows}, f, indent=1)
+        f.write("\n")
+    os.replace(partial, path)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="bench_linear_attention",
+        description="Benchmark of linear_attention against PyTorch baselines.",
+    )
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--sweep",
+        action="store_true",
+        help="time sequence length 1024, 2048, 4096, 8192, 16384 (SWEEP) instead of the spec's shapes; no host-time table",
+    )
+    which.add_argument(
+        "--overhead", action="store_true", help="only the host time per call at a tiny shape"
+    )
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write every row printed to PATH as JSON, with the GPU, versions and date",
+    )
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
+    args = parse_args()
     if not torch.cuda.is_available():
         sys.exit(
             f"bench_linear_attention: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was timed"
         )
-    if "--overhead" not in sys.argv[1:]:
-        main()
-    host_overhead()
+    records = Records(args.json)
+    records.save()  # a path that cannot be written fails now, before any timing
+    if args.sweep:
+        main(SWEEP, "sweep", records)
+    else:
+        if not args.overhead:
+            main(SHAPES, "shapes", records)
+        host_overhead(records)

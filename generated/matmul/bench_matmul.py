@@ -3,15 +3,23 @@
 """Benchmark of `matmul` against torch.matmul (cuBLAS), in one run.
 
     opgen bench matmul          (or: python -m <this package>.bench_matmul)
+    --sweep: at M = N = K 512, 1024, 2048, 4096, 8192 instead of the spec's shapes (SWEEP)
+    --overhead: only the host time per call at a tiny shape
+    --json PATH: every row printed also written to PATH, with the GPU, versions and date
 
 TFLOP/s of the same FLOP count for every implementation: fwd 2*M*N*K, bwd 4*M*N*K (the dA and
 dB GEMMs; dbias's M*N additions are not counted). Median times
 from tilelang.profiler.do_bench. A baseline that cannot run here prints its reason instead of a
 number."""
 
+import argparse
+import datetime
+import json
+import os
 import sys
 import time
 
+import tilelang
 import torch
 from tilelang.profiler import do_bench
 
@@ -22,6 +30,18 @@ SHAPES = [
     (4096, 4096, 4096, 137438953472, 274877906944),
     (8192, 8192, 8192, 1099511627776, 2199023255552),
 ]
+# The names of a case's first values: the "case" of its rows in the --json file.
+CASE_FIELDS = ("m", "n", "k")
+# --sweep: the first shape with m at each point, in the tuples of SHAPES.
+SWEEP_AXIS, SWEEP_LABEL = "m", "M = N = K"
+SWEEP = [
+    (512, 512, 512, 268435456, 536870912),
+    (1024, 1024, 1024, 2147483648, 4294967296),
+    (2048, 2048, 2048, 17179869184, 34359738368),
+    (4096, 4096, 4096, 137438953472, 274877906944),
+    (8192, 8192, 8192, 1099511627776, 2199023255552),
+]
+UNIT = "TFLOP/s"  # what a row's fwd_throughput and bwd_throughput count
 DTYPE = torch.bfloat16
 BIAS = True
 WARMUP_MS, REP_MS = 25, 100
@@ -61,12 +81,14 @@ def bench_one(fn, inputs, dc):
     return fwd_ms, bwd_ms
 
 
-def main():
+def main(cases, table, records):
     device = torch.cuda.get_device_name()
     print(f"# matmul on {device}, {DTYPE}, bias={BIAS}, torch {torch.__version__}")
     print("| M | N | K | implementation | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |")
     print("|---|---|---|---|---|---|---|---|")
-    for m, n, k, fwd_flops, bwd_flops in SHAPES:
+    for shape in cases:
+        m, n, k, fwd_flops, bwd_flops = shape
+        case = dict(zip(CASE_FIELDS, shape))
         torch.manual_seed(0)
         inputs, dc = make_inputs(m, n, k)
         for name, fn in candidates().items():
@@ -76,9 +98,12 @@ def main():
             except Exception as exc:  # a baseline missing on this machine is reported, not fatal
                 reason = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
                 print(f"{row} n/a: {reason} | | | |")
+                records.add(table, case, name, error=reason)
                 continue
             fwd_tflops, bwd_tflops = fwd_flops / fwd_ms / 1e9, bwd_flops / bwd_ms / 1e9
             print(f"{row} {fwd_ms:.3f} | {fwd_tflops:.0f} | {bwd_ms:.3f} | {bwd_tflops:.0f} |")
+            records.timed(table, case, name, fwd_ms, fwd_tflops, bwd_ms, bwd_tflops)
+        records.save()
         sys.stdout.flush()
 
 
@@ -106,34 +131,125 @@ def host_us(fn, calls=300):
     return best
 
 
-def host_overhead():
+def host_overhead(records):
     """Each implementation's host time per call at a tiny shape: what a model pays per layer when
     the kernels are short."""
     fns, inputs, grad = tiny_case()
     print(f"\n# host time per call at a tiny shape ({TINY}), us")
     print("| implementation | fwd us | fwd+bwd us |")
     print("|---|---|---|")
+    case = {"shape": TINY}
     for name, fn in fns.items():
         if isinstance(fn, str):
             print(f"| {name} | {fn} | |")
+            records.add("host overhead", case, name, error=fn.removeprefix("n/a: "))
             continue
         try:
             fwd = host_us(lambda: fn(*inputs))
             both = host_us(lambda: torch.autograd.grad(fn(*inputs), inputs, grad))
         except Exception as exc:  # a baseline missing on this machine is reported, not fatal
-            print(
-                f"| {name} | n/a: {str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__} | |"
-            )
+            reason = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
+            print(f"| {name} | n/a: {reason} | |")
+            records.add("host overhead", case, name, error=reason)
             continue
         print(f"| {name} | {fwd:.1f} | {both:.1f} |")
+        records.add("host overhead", case, name, fwd_us=fwd, fwd_bwd_us=both)
+    records.save()
     sys.stdout.flush()
 
 
+class Records:
+    """Every row the tables print, as a record: its table ("shapes", "sweep" or "host
+    overhead"), case (CASE_FIELDS and their values), implementation, numbers, and the reason it
+    did not run (error, else None). With a path, save() writes them all there as JSON, after
+    each case: a run cut short keeps what it measured."""
+
+    def __init__(self, path=None):
+        self.path = path
+        self.rows = []
+
+    def add(self, table, case, implementation, error=None, **numbers):
+        row = {"table": table, "case": case, "implementation": implementation}
+        self.rows.append({**row, **numbers, "error": error})
+
+    def timed(self, table, case, implementation, fwd_ms, fwd, bwd_ms, bwd, **more):
+        """A row of main(): each pass's ms and throughput (in UNIT); more: the table's other
+        columns."""
+        self.add(
+            table,
+            case,
+            implementation,
+            fwd_ms=fwd_ms,
+            fwd_throughput=fwd,
+            bwd_ms=bwd_ms,
+            bwd_throughput=bwd,
+            unit=UNIT,
+            **more,
+        )
+
+    def save(self):
+        if self.path:
+            write_json(self.path, self.rows)
+
+
+def metadata():
+    """What the rows were measured with: the package, dtype, unit and sweep axis, the torch and
+    TileLang versions, the GPU, the date (UTC) and the command line."""
+    return {
+        "package": "matmul",
+        "dtype": str(DTYPE).removeprefix("torch."),
+        "unit": UNIT,
+        "sweep": {"axis": SWEEP_AXIS, "label": SWEEP_LABEL},
+        "torch": torch.__version__,
+        "tilelang": tilelang.__version__,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+    }
+
+
+def write_json(path, rows):
+    """metadata() and rows as one JSON object at path: written beside it, then renamed over it,
+    so a reader never sees half a file."""
+    partial = f"{path}.partial"
+    with open(partial, "w", encoding="utf-8") as f:
+        json.dump({**metadata(), "rows": rows}, f, indent=1)
+        f.write("\n")
+    os.replace(partial, path)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="bench_matmul", description="Benchmark of matmul against torch.matmul (cuBLAS)."
+    )
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--sweep",
+        action="store_true",
+        help="time M = N = K 512, 1024, 2048, 4096, 8192 (SWEEP) instead of the spec's shapes; no host-time table",
+    )
+    which.add_argument(
+        "--overhead", action="store_true", help="only the host time per call at a tiny shape"
+    )
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write every row printed to PATH as JSON, with the GPU, versions and date",
+    )
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
+    args = parse_args()
     if not torch.cuda.is_available():
         sys.exit(
             f"bench_matmul: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was timed"
         )
-    if "--overhead" not in sys.argv[1:]:
-        main()
-    host_overhead()
+    records = Records(args.json)
+    records.save()  # a path that cannot be written fails now, before any timing
+    if args.sweep:
+        main(SWEEP, "sweep", records)
+    else:
+        if not args.overhead:
+            main(SHAPES, "shapes", records)
+        host_overhead(records)

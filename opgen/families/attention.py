@@ -8,15 +8,15 @@ FLOP count the benchmark reports.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool
 
 from opgen.families.contract import Family
-from opgen.plan import (DTYPE_BYTES, CompileJob, GradPlan, PlanBase, SourceInfo, Table, base_fields,
-                        buffer_description, ceildiv, explain_tables, flops_table, format_bytes,
-                        kernel_plan, over_smem_limit, refuse_shape, whole_kib)
+from opgen.plan import (DTYPE_BYTES, CompileJob, GradPlan, PlanBase, SourceInfo, Sweep, Table,
+                        base_fields, buffer_description, ceildiv, explain_tables, flops_table,
+                        format_bytes, kernel_plan, over_smem_limit, refuse_shape, whole_kib)
 from opgen.spec import (BenchSection, GemmTiling, PositiveInt, Reduction, ReductionKind, RowTiling,
                         StrictModel, TestSection, echo, family_spec, not_whole_warpgroups)
 
@@ -381,6 +381,12 @@ class Plan(PlanBase):
     bench_cases: tuple[BenchCase, ...]
 
 
+# The benchmark's --sweep: the first bench shape at these sequence lengths (its batch, heads and
+# head dim; five points, each a FlexAttention compile).
+SEQ_LEN_SWEEP = (1024, 2048, 4096, 8192, 16384)
+BENCH_FIELDS = ("batch", "heads", "kv_heads", "seq_len", "head_dim", "causal", "window")
+
+
 @dataclass(frozen=True)
 class BenchCase:
     """One bench shape with the FLOPs its TF/s divide by (bwd = 2.5 x fwd: 5 GEMMs vs 2)."""
@@ -396,13 +402,15 @@ class BenchCase:
     bwd_flops: int
 
 
-def bench_cases(bench: Any) -> tuple[BenchCase, ...]:
-    cases = []
-    for s in bench.shapes:
-        fwd = flops_fwd(s.batch, s.heads, s.seq_len, s.head_dim, s.causal, s.window)
-        cases.append(BenchCase(s.batch, s.heads, s.kv_heads or s.heads, s.seq_len, s.head_dim,
-                               s.causal, s.window, fwd, flops_bwd(fwd)))
-    return tuple(cases)
+    @property
+    def row(self) -> tuple:
+        return astuple(self)
+
+
+def bench_case(s: AttentionBenchShape) -> BenchCase:
+    fwd = flops_fwd(s.batch, s.heads, s.seq_len, s.head_dim, s.causal, s.window)
+    return BenchCase(s.batch, s.heads, s.kv_heads or s.heads, s.seq_len, s.head_dim, s.causal,
+                     s.window, fwd, flops_bwd(fwd))
 
 
 def visible_pairs(seq_len: int, causal: bool, window: int | None) -> int:
@@ -487,6 +495,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     mask_cases = [MaskCase("full", False, None), MaskCase("causal", True, None)]
     mask_cases += [MaskCase(f"causal-w{w}", True, w) for w in spec.test.windows]
     gqa_case = next((c for c in test_cases if c.kv_heads != c.heads), None)
+    first = spec.bench.shapes[0]  # the sweep's other dims
 
     # dV and dK (direct or per-group) before dQ (atomics); extra parameters last.
     grad_check_order = (("dV", "v"), ("dK", "k"), ("dQ", "q")) + (
@@ -530,7 +539,11 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
             phase: {d: smem_bytes(phase, getattr(t, phase), d) for d in section.head_dims}
             for phase in ("fwd", "bwd")
         },
-        bench_cases=bench_cases(spec.bench),
+        bench_cases=tuple(bench_case(s) for s in spec.bench.shapes),
+        bench_fields=BENCH_FIELDS,
+        bench_unit="TFLOP/s",
+        sweep=Sweep("seq_len", "sequence length", SEQ_LEN_SWEEP, tuple(
+            bench_case(first.model_copy(update={"seq_len": n})) for n in SEQ_LEN_SWEEP)),
     )
 
 

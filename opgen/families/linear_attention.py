@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from opgen.families.contract import Family, scaffold
-from opgen.plan import (DTYPE_BYTES, CompileJob, GradPlan, KernelPlan, PlanBase, SourceInfo, Table,
-                        base_fields, ceildiv, distinct_jobs, explain_tables, flops_table, format_bytes,
-                        kernel_plan, not_positive, over_smem_limit, refuse_shape)
+from opgen.plan import (DTYPE_BYTES, CompileJob, GradPlan, KernelPlan, PlanBase, SourceInfo, Sweep,
+                        Table, base_fields, ceildiv, distinct_jobs, explain_tables, flops_table,
+                        format_bytes, kernel_plan, not_positive, over_smem_limit, refuse_shape)
 from opgen.spec import (BenchSection, Block, PositiveInt, Reduction, ReductionKind, Stages,
                         StrictModel, TestSection, Threads, Tolerance, echo, family_spec,
                         not_whole_warpgroups, shapes_of, untested_tail)
@@ -247,11 +247,20 @@ def flops(batch: int, seq_len: int, heads: int, dim_k: int, dim_v: int, chunk: i
     return fwd, 3 * fwd
 
 
+# The benchmark's --sweep: the first bench shape at these sequence lengths (its batch, heads and
+# head dims). The quadratic baseline runs out of memory at the longest: reported as n/a.
+SEQ_LEN_SWEEP = (1024, 2048, 4096, 8192, 16384)
+
+
 @dataclass(frozen=True)
 class BenchCase:
     shape: Shape
     fwd_flops: int
     bwd_flops: int
+
+    @property
+    def row(self) -> tuple:
+        return (*self.shape.args, self.fwd_flops, self.bwd_flops)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -289,6 +298,12 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     tail_case = max(test_cases, key=lambda s: (
         s.seq_len % t.fwd.chunk != 0 or s.seq_len % t.bwd.chunk != 0,
         ceildiv(s.dim_v, t.bwd.block_dv) + ceildiv(s.dim_k, t.bwd.block_dk)))
+
+    def bench_case(s: Shape) -> BenchCase:
+        return BenchCase(s, *flops(*s.args, t.fwd.chunk))
+
+    first = spec.bench.shapes[0]  # the sweep's other dims
+
     return Plan(
         **base_fields(spec, source),
         scale=spec.linear_attention.scale,
@@ -302,7 +317,11 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         recomputed=("the running states S = K^T V (dQ loop) and dS = Q^T dO (dK/dV loop)",),
         test_cases=test_cases,
         tail_case=tail_case,
-        bench_cases=tuple(BenchCase(s, *flops(*s.args, t.fwd.chunk)) for s in spec.bench.shapes),
+        bench_cases=tuple(bench_case(s) for s in spec.bench.shapes),
+        bench_fields=("batch", "seq_len", "heads", "dim_k", "dim_v"),
+        bench_unit="TFLOP/s",
+        sweep=Sweep("seq_len", "sequence length", SEQ_LEN_SWEEP, tuple(
+            bench_case(first.model_copy(update={"seq_len": n})) for n in SEQ_LEN_SWEEP)),
         bench_chunk=t.fwd.chunk,
         compile_jobs=_compile_jobs(spec, kernels, test_cases),
     )

@@ -14,15 +14,16 @@ counts the benchmark divides by.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any, Literal
 
 from pydantic import StrictBool
 
 from opgen.families.contract import Family, scaffold
-from opgen.plan import (DTYPE_BYTES, CompileJob, GradPlan, PlanBase, SourceInfo, Table, base_fields,
-                        ceildiv, distinct_jobs, explain_tables, flops_table, format_bytes, kernel_plan,
-                        not_positive, over_smem_limit, refuse_shape, whole_kib)
+from opgen.plan import (DTYPE_BYTES, CompileJob, GradPlan, PlanBase, SourceInfo, Sweep, Table,
+                        base_fields, ceildiv, distinct_jobs, explain_tables, flops_table,
+                        format_bytes, kernel_plan, not_positive, over_smem_limit, refuse_shape,
+                        whole_kib)
 from opgen.spec import (BenchSection, Block, DirectGrad, PositiveInt, Stages, StrictModel,
                         TestSection, Threads, Tolerance, family_spec, not_whole_warpgroups,
                         shapes_of, too_few_elements, too_many_elements, untested_tail)
@@ -240,6 +241,12 @@ def flops(m: int, n: int, k: int) -> tuple[int, int]:
     return 2 * m * n * k, 4 * m * n * k
 
 
+# The benchmark's --sweep: square problems, m = n = k at each of these. n and k are compile-time
+# in the kernels, so each point is a variant of its own (in the compile jobs; built at its first
+# call, outside the timing).
+SIZE_SWEEP = (512, 1024, 2048, 4096, 8192)
+
+
 @dataclass(frozen=True)
 class BenchCase:
     m: int
@@ -247,6 +254,14 @@ class BenchCase:
     k: int
     fwd_flops: int
     bwd_flops: int
+
+    @property
+    def row(self) -> tuple:
+        return astuple(self)
+
+
+def bench_case(m: int, n: int, k: int) -> BenchCase:
+    return BenchCase(m, n, k, *flops(m, n, k))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,8 +334,11 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         test_cases=test_cases,
         tail_case=tail_case,
         square_case=square_case,
-        bench_cases=tuple(BenchCase(s.m, s.n, s.k, *flops(s.m, s.n, s.k))
-                          for s in spec.bench.shapes),
+        bench_cases=tuple(bench_case(s.m, s.n, s.k) for s in spec.bench.shapes),
+        bench_fields=("m", "n", "k"),
+        bench_unit="TFLOP/s",
+        sweep=Sweep("m", "M = N = K", SIZE_SWEEP,
+                    tuple(bench_case(size, size, size) for size in SIZE_SWEEP)),
         compile_jobs=_compile_jobs(spec, kernels, tail_case, bias_variants),
         smem={phase: smem_bytes(getattr(t, phase)) for phase in GEMM_PHASES},
     )
@@ -330,8 +348,8 @@ def _compile_jobs(spec, kernels, tail_case, bias_variants) -> tuple[CompileJob, 
     """Every kernel variant the package launches. m is symbolic in the kernels, so a variant is
     (n, k, dtype, bias): per dtype at the tail shape's n, k (its loads guarded, TMA only where a
     row is 16-byte aligned), fwd with each bias variant the tests run, dA, dB and dbias; then the
-    benchmark's n, k in its dtype with the spec's bias (block-aligned rows: the all-TMA path).
-    A variant two shapes share is built once."""
+    benchmark's n, k in its dtype with the spec's bias (block-aligned rows: the all-TMA path),
+    and its sweep's. A variant two shapes share is built once."""
 
     def jobs_for(s, dtype, fwd_biases, tag):
         size = f"n={s.n} k={s.k}"
@@ -352,6 +370,9 @@ def _compile_jobs(spec, kernels, tail_case, bias_variants) -> tuple[CompileJob, 
         jobs += jobs_for(tail_case, dtype, bias_variants, "")
     for s in spec.bench.shapes:
         jobs += jobs_for(s, spec.bench.dtype, (spec.matmul.bias,), " (bench)")
+    for size in SIZE_SWEEP:
+        square = MatmulShape(m=size, n=size, k=size)
+        jobs += jobs_for(square, spec.bench.dtype, (spec.matmul.bias,), " (bench sweep)")
     return distinct_jobs(jobs)
 
 

@@ -21,8 +21,9 @@ from typing import Any, Literal
 
 from opgen.families.contract import Family, scaffold
 from opgen.plan import (DTYPE_BYTES, TESTED_SAVES, BytesBenchCase, CompileJob, GradPlan, PlanBase,
-                        ShapeCase, SourceInfo, Table, base_fields, ceildiv, distinct_jobs, explain_tables,
-                        format_bytes, kernel_plan, not_positive, refuse_shape)
+                        ShapeCase, SourceInfo, Sweep, Table, base_fields, ceildiv, distinct_jobs,
+                        explain_tables, format_bytes, kernel_plan, not_positive, refuse_shape,
+                        rows_sweep)
 from opgen.spec import (BenchSection, Block, DirectGrad, MatrixShape, RowBlock, SavedSigmoid,
                         StrictModel, TensorShape, TestSection, Threads, family_spec, shapes_of,
                         untested_tail)
@@ -165,8 +166,13 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     test_cases = tuple(ShapeCase(tuple(s)) for s in spec.test.shapes)
     tail_case = next(c for c in test_cases if _has_tail(spec, c.shape))  # validation found one
     elem = DTYPE_BYTES[spec.bench.dtype]
-    bench_cases = tuple(BytesBenchCase(s.rows, s.channels, *bytes_moved(s.rows * s.channels, elem))
-                        for s in spec.bench.shapes)
+
+    def bench_case(rows: int, channels: int) -> BytesBenchCase:
+        return BytesBenchCase(rows, channels, *bytes_moved(rows * channels, elem))
+
+    # The sweep's rows: y [rows, C] at the first bench shape's C, the fused form's x twice as wide.
+    channels = spec.bench.shapes[0].channels
+    sweep_rows = rows_sweep(2 * channels if fused else channels)
     return Plan(
         **base_fields(spec, source),
         fused=fused,
@@ -180,7 +186,10 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         recomputed=() if save_sigmoid else ("sigmoid",),
         test_cases=test_cases,
         tail_case=tail_case,
-        bench_cases=bench_cases,
+        bench_cases=tuple(bench_case(s.rows, s.channels) for s in spec.bench.shapes),
+        bench_fields=("rows", "channels"),
+        bench_unit="GB/s",
+        sweep=Sweep("rows", "rows", sweep_rows, tuple(bench_case(r, channels) for r in sweep_rows)),
         compile_jobs=_compile_jobs(spec, kernels, tail_case, fused),
     )
 

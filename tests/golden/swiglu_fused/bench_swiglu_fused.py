@@ -3,6 +3,9 @@
 """Benchmark of `swiglu_fused` against eager PyTorch and torch.compile, in one run.
 
     opgen bench swiglu_fused          (or: python -m <this package>.bench_swiglu_fused)
+    --sweep: at rows 256, 1024, 4096, 16384 instead of the spec's shapes (SWEEP)
+    --overhead: only the host time per call at a tiny shape
+    --json PATH: every row printed also written to PATH, with the GPU, versions and date
 
 GB/s of the op's own bytes, the same for every implementation: fwd reads a and b and writes y;
 bwd reads dy, a and b and writes da and db (each once). The last columns divide them by the GB/s
@@ -10,9 +13,14 @@ of a device-to-device copy of one such tensor on this machine (reads and writes 
 bound a memory-bound op can reach. Median times from tilelang.profiler.do_bench. A baseline that
 cannot run here prints its reason instead of a number."""
 
+import argparse
+import datetime
+import json
+import os
 import sys
 import time
 
+import tilelang
 import torch
 import torch._functorch.config as functorch_config
 from tilelang.profiler import do_bench
@@ -23,6 +31,17 @@ from .autograd import swiglu_fused
 SHAPES = [
     (8192, 11008, 541065216, 901775360),
 ]
+# The names of a case's first values: the "case" of its rows in the --json file.
+CASE_FIELDS = ("rows", "channels")
+# --sweep: the first shape with rows at each point, in the tuples of SHAPES.
+SWEEP_AXIS, SWEEP_LABEL = "rows", "rows"
+SWEEP = [
+    (256, 11008, 16908288, 28180480),
+    (1024, 11008, 67633152, 112721920),
+    (4096, 11008, 270532608, 450887680),
+    (16384, 11008, 1082130432, 1803550720),
+]
+UNIT = "GB/s"  # what a row's fwd_throughput and bwd_throughput count
 DTYPE = torch.bfloat16
 WARMUP_MS, REP_MS = 25, 100
 
@@ -73,17 +92,22 @@ def bench_one(fn, inputs, dy):
     return fwd_ms, bwd_ms
 
 
-def main():
+def main(cases, table, records):
     device = torch.cuda.get_device_name()
     print(f"# swiglu_fused on {device}, {DTYPE}, torch {torch.__version__}")
     print(
         "| rows | channels | implementation | fwd ms | fwd GB/s | bwd ms | bwd GB/s | fwd / copy | bwd / copy |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    for rows, channels, fwd_bytes, bwd_bytes in SHAPES:
+    for shape in cases:
+        rows, channels, fwd_bytes, bwd_bytes = shape
+        case = dict(zip(CASE_FIELDS, shape))
         torch.manual_seed(0)
         copy = copy_gbs(rows * channels)
         print(f"| {rows} | {channels} | device copy | | {copy:.0f} | | {copy:.0f} | 100% | 100% |")
+        records.timed(
+            table, case, "device copy", None, copy, None, copy, fwd_vs_copy=1.0, bwd_vs_copy=1.0
+        )
         inputs, dy = make_inputs(rows, channels)
         for name, fn in candidates().items():
             row = f"| {rows} | {channels} | {name} |"
@@ -92,12 +116,25 @@ def main():
             except Exception as exc:  # a baseline missing on this machine is reported, not fatal
                 reason = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
                 print(f"{row} n/a: {reason} | | | | | |")
+                records.add(table, case, name, error=reason)
                 continue
             fwd_gbs, bwd_gbs = fwd_bytes / fwd_ms / 1e6, bwd_bytes / bwd_ms / 1e6
             print(
                 f"{row} {fwd_ms:.3f} | {fwd_gbs:.0f} | {bwd_ms:.3f} | {bwd_gbs:.0f} | "
                 f"{fwd_gbs / copy:.0%} | {bwd_gbs / copy:.0%} |"
             )
+            records.timed(
+                table,
+                case,
+                name,
+                fwd_ms,
+                fwd_gbs,
+                bwd_ms,
+                bwd_gbs,
+                fwd_vs_copy=fwd_gbs / copy,
+                bwd_vs_copy=bwd_gbs / copy,
+            )
+        records.save()
         sys.stdout.flush()
 
 
@@ -125,34 +162,126 @@ def host_us(fn, calls=300):
     return best
 
 
-def host_overhead():
+def host_overhead(records):
     """Each implementation's host time per call at a tiny shape: what a model pays per layer when
     the kernels are short."""
     fns, inputs, grad = tiny_case()
     print(f"\n# host time per call at a tiny shape ({TINY}), us")
     print("| implementation | fwd us | fwd+bwd us |")
     print("|---|---|---|")
+    case = {"shape": TINY}
     for name, fn in fns.items():
         if isinstance(fn, str):
             print(f"| {name} | {fn} | |")
+            records.add("host overhead", case, name, error=fn.removeprefix("n/a: "))
             continue
         try:
             fwd = host_us(lambda: fn(*inputs))
             both = host_us(lambda: torch.autograd.grad(fn(*inputs), inputs, grad))
         except Exception as exc:  # a baseline missing on this machine is reported, not fatal
-            print(
-                f"| {name} | n/a: {str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__} | |"
-            )
+            reason = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
+            print(f"| {name} | n/a: {reason} | |")
+            records.add("host overhead", case, name, error=reason)
             continue
         print(f"| {name} | {fwd:.1f} | {both:.1f} |")
+        records.add("host overhead", case, name, fwd_us=fwd, fwd_bwd_us=both)
+    records.save()
     sys.stdout.flush()
 
 
+class Records:
+    """Every row the tables print, as a record: its table ("shapes", "sweep" or "host
+    overhead"), case (CASE_FIELDS and their values), implementation, numbers, and the reason it
+    did not run (error, else None). With a path, save() writes them all there as JSON, after
+    each case: a run cut short keeps what it measured."""
+
+    def __init__(self, path=None):
+        self.path = path
+        self.rows = []
+
+    def add(self, table, case, implementation, error=None, **numbers):
+        row = {"table": table, "case": case, "implementation": implementation}
+        self.rows.append({**row, **numbers, "error": error})
+
+    def timed(self, table, case, implementation, fwd_ms, fwd, bwd_ms, bwd, **more):
+        """A row of main(): each pass's ms and throughput (in UNIT); more: the table's other
+        columns."""
+        self.add(
+            table,
+            case,
+            implementation,
+            fwd_ms=fwd_ms,
+            fwd_throughput=fwd,
+            bwd_ms=bwd_ms,
+            bwd_throughput=bwd,
+            unit=UNIT,
+            **more,
+        )
+
+    def save(self):
+        if self.path:
+            write_json(self.path, self.rows)
+
+
+def metadata():
+    """What the rows were measured with: the package, dtype, unit and sweep axis, the torch and
+    TileLang versions, the GPU, the date (UTC) and the command line."""
+    return {
+        "package": "swiglu_fused",
+        "dtype": str(DTYPE).removeprefix("torch."),
+        "unit": UNIT,
+        "sweep": {"axis": SWEEP_AXIS, "label": SWEEP_LABEL},
+        "torch": torch.__version__,
+        "tilelang": tilelang.__version__,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+    }
+
+
+def write_json(path, rows):
+    """metadata() and rows as one JSON object at path: written beside it, then renamed over it,
+    so a reader never sees half a file."""
+    partial = f"{path}.partial"
+    with open(partial, "w", encoding="utf-8") as f:
+        json.dump({**metadata(), "rows": rows}, f, indent=1)
+        f.write("\n")
+    os.replace(partial, path)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="bench_swiglu_fused",
+        description="Benchmark of swiglu_fused against eager PyTorch and torch.compile.",
+    )
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--sweep",
+        action="store_true",
+        help="time rows 256, 1024, 4096, 16384 (SWEEP) instead of the spec's shapes; no host-time table",
+    )
+    which.add_argument(
+        "--overhead", action="store_true", help="only the host time per call at a tiny shape"
+    )
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write every row printed to PATH as JSON, with the GPU, versions and date",
+    )
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
+    args = parse_args()
     if not torch.cuda.is_available():
         sys.exit(
             f"bench_swiglu_fused: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was timed"
         )
-    if "--overhead" not in sys.argv[1:]:
-        main()
-    host_overhead()
+    records = Records(args.json)
+    records.save()  # a path that cannot be written fails now, before any timing
+    if args.sweep:
+        main(SWEEP, "sweep", records)
+    else:
+        if not args.overhead:
+            main(SHAPES, "shapes", records)
+        host_overhead(records)

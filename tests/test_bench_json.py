@@ -1,0 +1,167 @@
+"""The generated benchmarks' rows as JSON (--json), their sweep (--sweep) and command line, on the
+CPU: the record and write functions are called with made-up numbers, no GPU timing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT, import_generated
+
+from opgen.plot import read_sweep
+from opgen.render import load_plan
+
+SHIPPED = sorted(p.stem for p in (REPO_ROOT / "specs").glob("*.toml"))
+
+
+def bench_of(name: str):
+    return import_generated(name, f"bench_{name}")
+
+
+def plan_of(name: str):
+    return load_plan(REPO_ROOT / "specs" / f"{name}.toml")[0]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_records_are_written_as_json_with_their_metadata(name, tmp_path):
+    bench = bench_of(name)
+    path = tmp_path / "rows.json"
+    records = bench.Records(str(path))
+    shape = bench.SHAPES[0]
+    case = dict(zip(bench.CASE_FIELDS, shape))
+    records.timed("shapes", case, f"opgen {name}", 1.5, 300.0, 4.0, 250.0)
+    records.add("shapes", case, "a baseline", error="not installed")
+    records.add("host overhead", {"shape": bench.TINY}, f"opgen {name}", fwd_us=30.5, fwd_bwd_us=99.0)
+    records.save()
+
+    data = json.loads(path.read_text())
+    assert not list(tmp_path.glob("*.partial")), "written beside the file, then renamed over it"
+    assert data["package"] == name
+    assert data["unit"] == plan_of(name).bench_unit
+    assert data["dtype"] == plan_of(name).bench.dtype
+    assert data["sweep"] == {"axis": bench.SWEEP_AXIS, "label": bench.SWEEP_LABEL}
+    assert data["torch"] == torch.__version__ and data["tilelang"]
+    if not torch.cuda.is_available():
+        assert data["gpu"] is None
+    assert datetime.datetime.fromisoformat(data["date"]).tzinfo is not None
+    assert data["rows"] == [
+        {"table": "shapes", "case": case, "implementation": f"opgen {name}", "fwd_ms": 1.5,
+         "fwd_throughput": 300.0, "bwd_ms": 4.0, "bwd_throughput": 250.0, "unit": data["unit"],
+         "error": None},
+        {"table": "shapes", "case": case, "implementation": "a baseline", "error": "not installed"},
+        {"table": "host overhead", "case": {"shape": bench.TINY}, "implementation": f"opgen {name}",
+         "fwd_us": 30.5, "fwd_bwd_us": 99.0, "error": None},
+    ]
+    # Every case value is a plain JSON value (ints, bools, None): the case reads back as written.
+    assert all(isinstance(v, (int, bool, type(None))) for v in case.values())
+
+
+def test_records_keep_the_columns_a_table_adds_and_write_nothing_without_a_path(tmp_path):
+    bench = bench_of("swiglu")
+    records = bench.Records()
+    records.timed("sweep", {"rows": 8, "channels": 64}, "opgen swiglu", 1.0, 10.0, 2.0, 8.0,
+                  fwd_vs_copy=0.9, bwd_vs_copy=0.8)
+    records.save()
+    assert records.rows[0]["fwd_vs_copy"] == 0.9 and records.rows[0]["bwd_vs_copy"] == 0.8
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_sweep_steps_one_dim_of_the_first_shape(name):
+    """SWEEP holds SHAPES' tuples: the first shape with the plan's axis at each point (matmul:
+    m = n = k), each with its own FLOPs or bytes; a few points, smallest first."""
+    bench, plan = bench_of(name), plan_of(name)
+    assert len(bench.CASE_FIELDS) == len(bench.SHAPES[0]) - 2 == len(bench.SWEEP[0]) - 2
+    assert bench.SWEEP == [case.row for case in plan.sweep.cases]
+    axis = bench.CASE_FIELDS.index(bench.SWEEP_AXIS)
+    assert [s[axis] for s in bench.SWEEP] == list(plan.sweep.points) == sorted(plan.sweep.points)
+    assert 4 <= len(bench.SWEEP) <= 6
+    first = dict(zip(bench.CASE_FIELDS, bench.SHAPES[0]))
+    costs = [s[-2:] for s in bench.SWEEP]
+    assert costs == sorted(costs) and len(set(costs)) == len(costs)
+    for point in bench.SWEEP:
+        case = dict(zip(bench.CASE_FIELDS, point))
+        if name == "matmul":
+            assert case["m"] == case["n"] == case["k"]
+        else:
+            assert {k: v for k, v in case.items() if k != bench.SWEEP_AXIS} == {
+                k: v for k, v in first.items() if k != bench.SWEEP_AXIS}
+
+
+def test_row_sweeps_stay_within_the_element_limit():
+    from opgen.plan import MAX_SWEEP_ELEMENTS
+
+    for name in ("rmsnorm", "scaled_silu", "swiglu"):
+        for rows, channels, *_ in bench_of(name).SWEEP:
+            assert rows * channels <= MAX_SWEEP_ELEMENTS
+
+
+def test_matmul_sweep_variants_are_compile_checked():
+    """n and k are compile-time in matmul's kernels: each sweep point is a compile job."""
+    plan = plan_of("matmul")
+    checked = {job.args[:2] for job in plan.compile_jobs if job.factory == "matmul_fwd"}
+    assert {(size, size) for size in plan.sweep.points} <= checked
+
+
+def test_sweep_records_are_what_opgen_plot_reads(tmp_path):
+    """The generated writer and opgen's reader agree: a sweep written by Records reads back as one
+    line per implementation, a baseline that failed at a point as missing there."""
+    bench = bench_of("attention_sink")
+    records = bench.Records(str(tmp_path / "rows.json"))
+    for i, point in enumerate(bench.SWEEP):
+        case = dict(zip(bench.CASE_FIELDS, point))
+        records.timed("sweep", case, "opgen attention_sink", 1.0, 100.0 + i, 2.0, 50.0 + i)
+        records.add("sweep", case, "SDPA cuDNN", error="no sinks")
+        if i < len(bench.SWEEP) - 1:
+            records.timed("sweep", case, "FlexAttention", 1.0, 90.0, 2.0, 40.0)
+        else:
+            records.add("sweep", case, "FlexAttention", error="CUDA out of memory")
+    records.add("host overhead", {"shape": bench.TINY}, "opgen attention_sink", fwd_us=1.0,
+                fwd_bwd_us=2.0)
+    records.save()
+
+    sweep = read_sweep(tmp_path / "rows.json")
+    points = [dict(zip(bench.CASE_FIELDS, p))["seq_len"] for p in bench.SWEEP]
+    assert sweep.xs == tuple(points) and sweep.axis == "seq_len"
+    assert list(sweep.lines) == ["opgen attention_sink", "SDPA cuDNN", "FlexAttention"]
+    assert [p[0] for p in sweep.lines["opgen attention_sink"].points] == points
+    assert sweep.lines["SDPA cuDNN"].label("SDPA cuDNN") == "SDPA cuDNN (n/a: no sinks)"
+    assert sweep.lines["FlexAttention"].label("FlexAttention") == f"FlexAttention (n/a at {points[-1]})"
+    assert sweep.fixed == "batch=2, heads=32, kv_heads=8, head_dim=128, causal=True"
+
+
+def run_bench(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"generated.{name}.bench_{name}", *args],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_bench_command_line_without_a_gpu():
+    """--help works anywhere and names the flags; two tables at once are refused; without CUDA a
+    bench says so in one line, whatever its flags."""
+    helped = run_bench("rmsnorm", "--help")
+    assert helped.returncode == 0, helped.stderr
+    for flag in ("--sweep", "--overhead", "--json PATH"):
+        assert flag in helped.stdout
+    assert "rows 256, 1024, 4096, 16384, 65536" in " ".join(helped.stdout.split())
+    both = run_bench("rmsnorm", "--sweep", "--overhead")
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    if not torch.cuda.is_available():
+        plain = run_bench("rmsnorm", "--sweep", "--json", "never.json")
+        assert plain.returncode == 1 and "needs a CUDA GPU" in plain.stderr
+        assert not (REPO_ROOT / "never.json").exists()
+
+
+def test_generated_bench_imports_neither_opgen_nor_matplotlib():
+    code = ("import sys, generated.matmul.bench_matmul; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('opgen', 'matplotlib')))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
