@@ -84,8 +84,9 @@ def entry_point(compiled):
 def on_device(t):
     """A context in which t's device is the current CUDA device, the previous one restored on
     exit: a kernel's entry point makes its tensors' device current and leaves it so, which would
-    move the caller's later `device="cuda"` tensors. Nothing to do where it is current already."""
-    if t.get_device() == torch.cuda.current_device():
+    move the caller's later `device="cuda"` tensors. Nothing to do where it is current already
+    (or for a CPU tensor: empty work on the CPU launches nothing)."""
+    if not t.is_cuda or t.get_device() == torch.cuda.current_device():
         return CURRENT_DEVICE
     return torch.cuda.device(t.device)
 
