@@ -10,7 +10,7 @@
 GB/s of the op's own bytes, the same for every implementation: fwd reads a and b and writes y;
 bwd reads dy, a and b and writes da and db (each once). The last columns divide them by the GB/s
 of a device-to-device copy of one such tensor on this machine (reads and writes counted), the
-bound a memory-bound op can reach. Median times from tilelang.profiler.do_bench. A baseline that
+bound a memory-bound op can reach. Median times of back-to-back calls (stream_ms). A baseline that
 cannot run here prints its reason instead of a number."""
 
 import argparse
@@ -23,7 +23,6 @@ import time
 import tilelang
 import torch
 import torch._functorch.config as functorch_config
-from tilelang.profiler import do_bench
 
 from .autograd import swiglu_fused
 
@@ -68,7 +67,7 @@ def copy_gbs(numel):
     """GB/s of a device-to-device copy of `numel` elements of DTYPE (read + write)."""
     src = torch.randn(numel, device="cuda").to(DTYPE)
     dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
+    ms = stream_ms(lambda: dst.copy_(src))
     return 2 * src.numel() * src.element_size() / ms / 1e6
 
 
@@ -78,17 +77,40 @@ def make_inputs(rows, channels):
     return inputs, torch.randn(rows, channels, device="cuda").to(DTYPE)
 
 
+def stream_ms(fn, batches=10):
+    """Milliseconds per call of fn in a stream of back-to-back calls, as a training step makes
+    them: the host queues each call while the GPU still runs earlier ones, so host time counts
+    only where it is longer than the GPU's. (Timing each call alone after an idle GPU, as
+    do_bench does, counts the host's latency to the first launch instead.) CUDA events between
+    batches of calls, the median batch; WARMUP_MS of calls first. No cache flush: at the bench
+    shapes a call's tensors together are larger than L2."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    calls = 0
+    while calls < 3 or (time.perf_counter() - start) * 1e3 < WARMUP_MS:
+        fn()
+        calls += 1
+        torch.cuda.synchronize()
+    per_call_ms = (time.perf_counter() - start) * 1e3 / calls
+    batch = max(1, min(1000, round(REP_MS / batches / per_call_ms)))
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(batches + 1)]
+    events[0].record()
+    for event in events[1:]:
+        for _ in range(batch):
+            fn()
+        event.record()
+    events[-1].synchronize()
+    times = sorted(a.elapsed_time(b) / batch for a, b in zip(events, events[1:]))
+    return times[len(times) // 2]
+
+
 def bench_one(fn, inputs, dy):
     # The first calls compile (torch.compile) and build the kernels (TileLang): not timed.
     torch.autograd.grad(fn(*inputs), inputs, dy)
-    fwd_ms = do_bench(lambda: fn(*inputs), warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
+    fwd_ms = stream_ms(lambda: fn(*inputs))
     y = fn(*inputs)
-    bwd_ms = do_bench(
-        lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True),
-        warmup=WARMUP_MS,
-        rep=REP_MS,
-        return_mode="median",
-    )
+    bwd_ms = stream_ms(lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True))
     return fwd_ms, bwd_ms
 
 
