@@ -35,7 +35,7 @@ def get_tir(self, *a, **k):
     log.append(("get_tir " + self.func.__name__ if hasattr(self, "func") else "get_tir", "main", s - T0, time.perf_counter() - T0))
     return r
 type(ga.gqa_fwd).get_tir = get_tir
-calls = ga.variant_calls(16, 4, 128, True, 0, "bshd", "bfloat16", *ga.reductions(16, 4))
+calls = ga.variant_calls(16, 4, 128, True, 0, "bshd", "bfloat16", 128 ** -0.5, *ga.reductions(16, 4))
 if torch.cuda.is_available():
     q = torch.randn(2, 1000, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(2, 1000, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))

@@ -119,11 +119,11 @@ from generated.attention import autograd as aa  # noqa: E402
 
 q, k, v = (torch.randn(1, 128, 16, 128, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
 do = torch.randn_like(q)
-o, lse = aa.run_forward(q.detach(), k.detach(), v.detach(), True, None, "bshd")
+o, lse = aa.run_forward(q.detach(), k.detach(), v.detach(), True, None, "bshd", 128 ** -0.5)
 report("attention public fwd", lambda: aa.attention(q, k, v, causal=True))
 report("attention public fwd+bwd", lambda: torch.autograd.grad(aa.attention(q, k, v, causal=True), (q, k, v), do))
-report("attention run_forward", lambda: aa.run_forward(q.detach(), k.detach(), v.detach(), True, None, "bshd"))
-report("attention run_backward", lambda: aa.run_backward(q.detach(), k.detach(), v.detach(), o, lse, do, True, None, "bshd"))
+report("attention run_forward", lambda: aa.run_forward(q.detach(), k.detach(), v.detach(), True, None, "bshd", 128 ** -0.5))
+report("attention run_backward", lambda: aa.run_backward(q.detach(), k.detach(), v.detach(), o, lse, do, True, None, "bshd", 128 ** -0.5))
 report("SDPA fwd+bwd (default backend)", lambda: torch.autograd.grad(
     torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True),
     (q, k, v), do.transpose(1, 2)))
