@@ -97,10 +97,26 @@ class SourceInfo:
     spec_sha256: str  # of the validated spec (opgen.spec.spec_digest), not of the file's bytes
     opgen_version: str
     tilelang_version: str = TILELANG_VERSION  # the TileLang the package is generated for
+    # The output root as a dotted module path ("generated"), or "" where it is not one (an
+    # absolute or non-identifier path): what the docstring examples import the package from.
+    import_root: str = "generated"
 
     @property
     def short_hash(self) -> str:
         return self.spec_sha256[:16]
+
+    def import_path(self, name: str) -> str:
+        """The module path of package `name`: its examples' `from <this> import ...`."""
+        return f"{self.import_root}.{name}" if self.import_root else name
+
+
+def import_root(out_root: str) -> str:
+    """out_root (a path relative to where Python runs) as a dotted module path, or "" where it is
+    not one: then the package is imported by its name, with out_root itself on sys.path."""
+    parts = out_root.replace("\\", "/").strip("/").split("/")
+    if out_root.startswith("/") or not all(p.isidentifier() for p in parts):
+        return ""
+    return ".".join(parts)
 
 
 # The buffer each reduction writes into, as code: fp32 atomic targets start at zero; direct writes

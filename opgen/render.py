@@ -13,7 +13,7 @@ from opgen import __version__
 from opgen.errors import SpecError
 from opgen.families import FAMILIES, Family, family_names
 from opgen.manifest import MANIFEST, ManifestError, parse_manifest, render_manifest
-from opgen.plan import PlanBase, SourceInfo
+from opgen.plan import PlanBase, SourceInfo, import_root
 from opgen.spec import SpecSource, echo, read_spec, spec_digest, validate
 
 BLACK_MODE = black.Mode(line_length=100)
@@ -77,7 +77,9 @@ def _load(path: Path, out_root: Path | None) -> tuple[SpecSource, PlanBase, Fami
     found = FAMILIES[family]
     spec = validate(found.spec, source)
     origin = built_from(path, out_root / spec.name) if out_root is not None else None
-    info = SourceInfo(origin or source.path, spec_digest(spec), __version__)
+    root = (out_root or OUT_ROOT).as_posix()
+    info = SourceInfo(origin or source.path, spec_digest(spec), __version__,
+                      import_root=import_root(root))
     return source, found.plan(spec, info), found
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -480,6 +482,29 @@ def test_build_out_writes_dir_name(foo, cli):
     result = check(cli, "--out", "vendor/ops")
     assert result.exit_code == 0, result.output
     assert result.stdout == "vendor/ops/ matches 1 spec(s)\n"
+
+
+def test_a_vendored_package_s_example_imports_it_from_there(foo, cli):
+    """The docstring example of a package built with --out imports it by that path (a dotted
+    module path of the output root), and runs from the project root; an output root that is no
+    module path (outside the working directory: absolute) leaves the bare package name."""
+    package = vendored(foo, cli)
+    init = (package / "__init__.py").read_text()
+    assert ">>> from vendor.ops.foo import foo" in init
+    assert "generated." not in init
+    for part in ("vendor", "vendor/ops"):
+        (foo / part / "__init__.py").touch()
+    run = ("import doctest, vendor.ops.foo as m; r = doctest.testmod(m); "
+           "print(r.attempted, r.failed)")
+    result = subprocess.run([sys.executable, "-c", run], cwd=foo, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    attempted, failed = map(int, result.stdout.split()[-2:])
+    assert attempted > 0 and failed == 0, result.stdout
+    elsewhere = foo.parent / f"{foo.name}-elsewhere"  # outside the working directory: absolute
+    result = cli("build", "--no-compile", "vendor/ops/foo/spec.toml", "--out", str(elsewhere))
+    assert result.exit_code == 0, result.output
+    assert ">>> from foo import foo" in (elsewhere / "foo/__init__.py").read_text()
 
 
 def test_rebuild_from_the_package_spec_is_byte_for_byte(foo, cli):
