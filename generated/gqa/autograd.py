@@ -97,8 +97,8 @@ CURRENT_DEVICE = contextlib.nullcontext()
 
 def prebuild(calls):
     """Build the kernels of calls, (factory, args, tiling) triples, that are not built yet, all at
-    at once, in threads: each nvcc is a subprocess, so the compiles overlap (TileLang's lowering
-    mostly holds the GIL, so the lowerings stay close to serial)."""
+    once, in threads: TileLang's lowering runs mostly outside the GIL and each nvcc is a
+    subprocess, so a new variant's builds share the machine's cores."""
     missing = {}
     for factory, args, tiling in calls:
         key = kernel_key(factory, args, tiling)
