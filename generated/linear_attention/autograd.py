@@ -22,8 +22,35 @@ DTYPE_NAMES = {
 # The forward holds all of Dk of a chunk in shared memory and a [Dk, block_dv] fp32 state in
 # registers.
 MAX_HEAD_DIM = 256
-# Every tensor the kernels read must start on a 16-byte boundary (vectorised accesses assume it).
+# Every tensor the kernels read must start on a 16-byte boundary: 16-byte vector loads (and TMA)
+# assume it, and a contiguous view at an odd storage offset does not give it.
 ALIGNMENT = 16
+
+
+def misaligned(t):
+    """Whether t starts off an ALIGNMENT-byte boundary (real tensors: it reads the data pointer)."""
+    return t.data_ptr() % ALIGNMENT != 0
+
+
+def check_aligned(q, k, v):
+    """The one input check that reads data pointers, which torch.compile cannot trace: the forward
+    op runs it on the real tensors, still before any launch."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t is not None and t.numel() and misaligned(t):  # an empty tensor is never read
+            raise ValueError(
+                f"linear_attention: {name} must start at a {ALIGNMENT}-byte aligned address (a view at "
+                f"storage offset {t.storage_offset()} does not); pass a copy (.clone())"
+            )
+
+
+def dense(t):
+    """t as the kernels read it: contiguous and aligned; a copy only where it is not (autograd may
+    hand an expanded, strided or offset gradient)."""
+    if t.is_contiguous() and not misaligned(t):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 # Compiled kernels by factory and arguments. Each entry is the kernel's compiled entry point: it
 # checks every argument's shape, dtype and device, binds the symbolic dims and launches on the
 # current stream. Calling it directly saves the ~20 us of host time that TileLang's Python
@@ -80,22 +107,6 @@ def scale_for(dim_k):
     return dim_k**-0.5
 
 
-def misaligned(t):
-    """Whether t starts off an ALIGNMENT-byte boundary (real tensors: it reads the data pointer)."""
-    return t.data_ptr() % ALIGNMENT != 0
-
-
-def check_aligned(q, k, v):
-    """The one input check that reads data pointers, which torch.compile cannot trace: the forward
-    op runs it on the real tensors, still before any launch."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.numel() and misaligned(t):  # an empty tensor is never read
-            raise ValueError(
-                f"linear_attention: {name} must start at a {ALIGNMENT}-byte aligned address (a view at "
-                f"storage offset {t.storage_offset()} does not); pass a copy (.clone())"
-            )
-
-
 def check_inputs(q, k, v):
     """Raise a clear error for anything the kernels cannot take, before any launch.
 
@@ -149,14 +160,6 @@ def check_inputs(q, k, v):
                 f"linear_attention: {name} must be contiguous (got shape {tuple(t.shape)}, strides "
                 f"{t.stride()}); call .contiguous() first"
             )
-
-
-def dense(t):
-    """t as the kernels read it: contiguous and aligned. Autograd may hand an expanded (stride-0),
-    strided or offset gradient; a copy only then."""
-    if t.is_contiguous() and not misaligned(t):
-        return t
-    return t.clone(memory_format=torch.contiguous_format)
 
 
 def variant(q, v):

@@ -26,9 +26,35 @@ DTYPE_NAMES = {
 }
 # Whether matmul() takes a bias [N] (spec matmul.bias). apply_op takes bias=None too.
 BIAS = True
-# Every tensor the kernels read must start on a 16-byte boundary: TMA and 16-byte vector loads
-# assume it (a contiguous view at an odd storage offset does not).
+# Every tensor the kernels read must start on a 16-byte boundary: 16-byte vector loads (and TMA)
+# assume it, and a contiguous view at an odd storage offset does not give it.
 ALIGNMENT = 16
+
+
+def misaligned(t):
+    """Whether t starts off an ALIGNMENT-byte boundary (real tensors: it reads the data pointer)."""
+    return t.data_ptr() % ALIGNMENT != 0
+
+
+def check_aligned(a, b, bias):
+    """The one input check that reads data pointers, which torch.compile cannot trace: the forward
+    op runs it on the real tensors, still before any launch."""
+    for name, t in (("a", a), ("b", b), ("bias", bias)):
+        if t is not None and t.numel() and misaligned(t):  # an empty tensor is never read
+            raise ValueError(
+                f"matmul: {name} must start at a {ALIGNMENT}-byte aligned address (a view at "
+                f"storage offset {t.storage_offset()} does not); pass a copy (.clone())"
+            )
+
+
+def dense(t):
+    """t as the kernels read it: contiguous and aligned; a copy only where it is not (autograd may
+    hand an expanded, strided or offset gradient)."""
+    if t.is_contiguous() and not misaligned(t):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 # Compiled kernels by factory and arguments. Each entry is the kernel's compiled entry point: it
 # checks every argument's shape, dtype and device, binds the symbolic dims and launches on the
 # current stream. Calling it directly saves the ~20 us of host time that TileLang's Python
@@ -128,28 +154,6 @@ def check_inputs(a, b, bias):
                 f"matmul: {name} must be contiguous (got shape {tuple(t.shape)}, strides "
                 f"{t.stride()}); call .contiguous() first"
             )
-
-
-def check_aligned(a, b, bias):
-    """Raise a clear error, before any launch, for a tensor that does not start on a 16-byte
-    boundary. Called by the forward op, on real tensors."""
-    for name, t in (("a", a), ("b", b), ("bias", bias)):
-        if (
-            t is not None and t.numel() and t.data_ptr() % ALIGNMENT
-        ):  # an empty tensor is never read
-            raise ValueError(
-                f"matmul: {name} must start at a {ALIGNMENT}-byte aligned address (a view at "
-                f"storage offset {t.storage_offset()} does not); pass a copy (.clone())"
-            )
-
-
-def dense(t):
-    """t as the kernels read it: contiguous and aligned; a copy only when it is not. Called inside
-    the backward ops, on real tensors: the formula makes dC contiguous, but an offset view of a
-    larger gradient may still be misaligned."""
-    if t.is_contiguous() and t.data_ptr() % ALIGNMENT == 0:
-        return t
-    return t.clone(memory_format=torch.contiguous_format)
 
 
 def run_forward(a, b, bias):

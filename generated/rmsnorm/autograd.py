@@ -44,7 +44,9 @@ def matrix_dims(x):
 
 
 def check_inputs(x, w):
-    """Raise a clear error for anything the kernels cannot take, before any launch."""
+    """Raise a clear error for anything the kernels cannot take, before any launch. The forward
+    op checks the 16-byte alignment (check_aligned): torch.compile traces this function, and a
+    data pointer exists only on real tensors."""
     for name, t in (("x", x), ("w", w)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"rmsnorm: {name} must be a torch.Tensor (got {type(t).__name__})")
@@ -110,6 +112,35 @@ ALLOC = {
     "direct": torch.empty,
     "split": torch.empty,
 }
+
+# Every tensor the kernels read must start on a 16-byte boundary: 16-byte vector loads (and TMA)
+# assume it, and a contiguous view at an odd storage offset does not give it.
+ALIGNMENT = 16
+
+
+def misaligned(t):
+    """Whether t starts off an ALIGNMENT-byte boundary (real tensors: it reads the data pointer)."""
+    return t.data_ptr() % ALIGNMENT != 0
+
+
+def check_aligned(x, w):
+    """The one input check that reads data pointers, which torch.compile cannot trace: the forward
+    op runs it on the real tensors, still before any launch."""
+    for name, t in (("x", x), ("w", w)):
+        if t is not None and t.numel() and misaligned(t):  # an empty tensor is never read
+            raise ValueError(
+                f"rmsnorm: {name} must start at a {ALIGNMENT}-byte aligned address (a view at "
+                f"storage offset {t.storage_offset()} does not); pass a copy (.clone())"
+            )
+
+
+def dense(t):
+    """t as the kernels read it: contiguous and aligned; a copy only where it is not (autograd may
+    hand an expanded, strided or offset gradient)."""
+    if t.is_contiguous() and not misaligned(t):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
 
 # Compiled kernels by factory and arguments. Each entry is the kernel's compiled entry point: it
 # checks every argument's shape, dtype and device, binds the symbolic dims and launches on the
@@ -194,10 +225,11 @@ def run_backward(x, rstd, w, dy, reduction):
         # Empty work builds and launches no kernel. Each gradient is a sum over no terms: zeros
         # of its input's shape (empty where the input is).
         return torch.zeros_like(x), torch.zeros_like(w)
-    # Autograd may hand a non-contiguous (expanded, transposed) or differently typed gradient;
-    # the kernels index dy as a dense [rows, C] matrix.
-    if dy.dtype != x.dtype or not dy.is_contiguous():
-        dy = dy.contiguous().to(x.dtype)
+    # Autograd may hand a non-contiguous (expanded, transposed), offset or differently typed
+    # gradient; the kernels index dy as a dense, aligned [rows, C] matrix.
+    if dy.dtype != x.dtype:
+        dy = dy.to(x.dtype)
+    dy = dense(dy)
     dx = torch.empty_like(x)
     buffer = alloc_dw(x, reduction)
     launch_backward(x, rstd, w, dy, dx, buffer, reduction)
@@ -213,6 +245,7 @@ def forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, rstd in fp32 per row); without save_rstd an empty tensor in its place: an op
     returns tensors only."""
+    check_aligned(x, w)
     with on_device(x):
         y, rstd = run_forward(x, w, save_rstd)
     return y, rstd if save_rstd else x.new_empty(0, dtype=torch.float32)

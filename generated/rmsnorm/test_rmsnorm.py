@@ -198,6 +198,24 @@ def test_strided_dy(dtype, save_rstd):
 
 
 @requires_cuda
+@pytest.mark.parametrize("save_rstd", RSTD)
+def test_misaligned_dy(save_rstd):
+    """An upstream gradient one element past a 16-byte boundary (a view into a larger tensor)
+    gives the same gradients as its aligned copy: the backward copies it, the kernels' vector
+    loads never see it."""
+    inputs, _ = make_inputs(TAIL_SHAPE, DTYPES[0])
+    x, w = (t.detach() for t in inputs.values())
+    _, rstd = run_forward(x, w, save_rstd)
+    dy = torch.empty(x.numel() + 1, dtype=x.dtype, device="cuda")[1:].view(x.shape)
+    dy.copy_(torch.randn_like(x))
+    assert dy.is_contiguous() and dy.data_ptr() % 16
+    offset = run_backward(x, rstd, w, dy, "split")
+    aligned = run_backward(x, rstd, w, dy.clone(), "split")
+    for label, a, b in zip(("dx", "dw"), offset, aligned):
+        assert torch.equal(a, b), f"{label} from a misaligned dy differs from its aligned copy"
+
+
+@requires_cuda
 def test_expanded_dy():
     """y.sum().backward() hands the backward a stride-0 (expanded) gradient of ones."""
     dtype = DTYPES[0]
@@ -419,6 +437,11 @@ def test_rejects_bad_inputs_before_launch(no_launch):
         rmsnorm(x.double(), w)
     with pytest.raises(ValueError, match="contiguous"):
         rmsnorm(torch.stack([x, x], dim=-1)[..., 0], w)
+    # Contiguous, but one element past a 16-byte boundary.
+    offset = torch.empty(x.numel() + 1, dtype=x.dtype, device="cuda")[1:].view(x.shape)
+    offset.copy_(x)
+    with pytest.raises(ValueError, match="x must start at a 16-byte aligned address"):
+        rmsnorm(offset, w)
     with pytest.raises(ValueError, match="0-d"):
         rmsnorm(x.reshape(-1)[0], w)
     with pytest.raises(ValueError, match="w must have shape"):
