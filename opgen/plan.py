@@ -336,18 +336,37 @@ class ShapeCase:
         return "x".join(map(str, self.shape))
 
 
+class BenchRow:
+    """A bench case (a frozen dataclass): its fields in order, the values named by the plan's
+    bench_fields and then its fwd and bwd FLOPs or bytes, are its tuple in the bench's SHAPES."""
+
+    @property
+    def row(self) -> tuple:
+        return astuple(self)
+
+
 @dataclass(frozen=True)
-class BytesBenchCase:
+class FlopsBenchCase(BenchRow):
+    """A bench case of a compute-bound family: its shape's values (the plan's bench_fields name
+    them) and the FLOPs its TF/s divide by."""
+
+    values: tuple
+    fwd_flops: int
+    bwd_flops: int
+
+    @property
+    def row(self) -> tuple:
+        return (*self.values, self.fwd_flops, self.bwd_flops)
+
+
+@dataclass(frozen=True)
+class BytesBenchCase(BenchRow):
     """A benchmark input x [rows, channels], with the bytes the op moves."""
 
     rows: int
     channels: int
     fwd_bytes: int  # x and w read once, y written once
     bwd_bytes: int  # dy, x and w read once, dx and dw written once
-
-    @property
-    def row(self) -> tuple:
-        return astuple(self)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,15 +8,16 @@ FLOP count the benchmark reports.
 from __future__ import annotations
 
 import itertools
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool
 
 from opgen.families.contract import Family
-from opgen.plan import (DTYPE_BYTES, CompileJob, GradPlan, PlanBase, SourceInfo, Sweep, Table,
-                        base_fields, buffer_description, ceildiv, explain_tables, flops_table,
-                        format_bytes, kernel_plan, over_smem_limit, refuse_shape, whole_kib)
+from opgen.plan import (DTYPE_BYTES, CompileJob, FlopsBenchCase, GradPlan, PlanBase, SourceInfo,
+                        Sweep, Table, base_fields, buffer_description, ceildiv, explain_tables,
+                        flops_table, format_bytes, kernel_plan, over_smem_limit, refuse_shape,
+                        whole_kib)
 from opgen.spec import (BenchSection, GemmTiling, PositiveInt, Reduction, ReductionKind, RowTiling,
                         StrictModel, TestSection, echo, family_spec, not_whole_warpgroups)
 
@@ -378,7 +379,7 @@ class Plan(PlanBase):
     gqa_case: TestCase | None  # a grouped shape for the atomic-vs-split checks
     atomic_case: TestCase  # the shape of the atomic double-run check (grouped if any)
     smem: dict[str, dict[int, int]]  # phase -> head_dim -> bytes (estimate)
-    bench_cases: tuple[BenchCase, ...]
+    bench_cases: tuple[FlopsBenchCase, ...]
 
 
 # The benchmark's --sweep: the first bench shape at these sequence lengths (its batch, heads and
@@ -387,30 +388,11 @@ SEQ_LEN_SWEEP = (1024, 2048, 4096, 8192, 16384)
 BENCH_FIELDS = ("batch", "heads", "kv_heads", "seq_len", "head_dim", "causal", "window")
 
 
-@dataclass(frozen=True)
-class BenchCase:
+def bench_case(s: AttentionBenchShape) -> FlopsBenchCase:
     """One bench shape with the FLOPs its TF/s divide by (bwd = 2.5 x fwd: 5 GEMMs vs 2)."""
-
-    batch: int
-    heads: int
-    kv_heads: int
-    seq_len: int
-    head_dim: int
-    causal: bool
-    window: int | None
-    fwd_flops: int
-    bwd_flops: int
-
-
-    @property
-    def row(self) -> tuple:
-        return astuple(self)
-
-
-def bench_case(s: AttentionBenchShape) -> BenchCase:
     fwd = flops_fwd(s.batch, s.heads, s.seq_len, s.head_dim, s.causal, s.window)
-    return BenchCase(s.batch, s.heads, s.kv_heads or s.heads, s.seq_len, s.head_dim, s.causal,
-                     s.window, fwd, flops_bwd(fwd))
+    return FlopsBenchCase((s.batch, s.heads, s.kv_heads or s.heads, s.seq_len, s.head_dim,
+                           s.causal, s.window), fwd, flops_bwd(fwd))
 
 
 def visible_pairs(seq_len: int, causal: bool, window: int | None) -> int:

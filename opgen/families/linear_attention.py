@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from opgen.families.contract import Family, scaffold
-from opgen.plan import (DTYPE_BYTES, CompileJob, GradPlan, KernelPlan, PlanBase, SourceInfo, Sweep,
-                        Table, base_fields, ceildiv, distinct_jobs, explain_tables, flops_table,
-                        format_bytes, kernel_plan, not_positive, over_smem_limit, refuse_shape)
+from opgen.plan import (DTYPE_BYTES, CompileJob, FlopsBenchCase, GradPlan, KernelPlan, PlanBase,
+                        SourceInfo, Sweep, Table, base_fields, ceildiv, distinct_jobs,
+                        explain_tables, flops_table, format_bytes, kernel_plan, not_positive,
+                        over_smem_limit, refuse_shape)
 from opgen.spec import (BenchSection, Block, PositiveInt, Reduction, ReductionKind, Stages,
                         StrictModel, TestSection, Threads, Tolerance, echo, family_spec,
                         not_whole_warpgroups, shapes_of, untested_tail)
@@ -252,24 +253,13 @@ def flops(batch: int, seq_len: int, heads: int, dim_k: int, dim_v: int, chunk: i
 SEQ_LEN_SWEEP = (1024, 2048, 4096, 8192, 16384)
 
 
-@dataclass(frozen=True)
-class BenchCase:
-    shape: Shape
-    fwd_flops: int
-    bwd_flops: int
-
-    @property
-    def row(self) -> tuple:
-        return (*self.shape.args, self.fwd_flops, self.bwd_flops)
-
-
 @dataclass(frozen=True, kw_only=True)
 class Plan(PlanBase):
     scale: str  # the spec's: rsqrt_dk | none
     scale_expr: str  # the scale as code over dim_k
     max_head_dim: int
     tail_case: Shape  # seq_len not a multiple of the chunk, most Dv tiles: atomics, double run
-    bench_cases: tuple[BenchCase, ...]
+    bench_cases: tuple[FlopsBenchCase, ...]
     bench_chunk: int  # the chunk the benchmark's PyTorch chunked baseline uses (the fwd's)
 
 
@@ -299,8 +289,8 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         s.seq_len % t.fwd.chunk != 0 or s.seq_len % t.bwd.chunk != 0,
         ceildiv(s.dim_v, t.bwd.block_dv) + ceildiv(s.dim_k, t.bwd.block_dk)))
 
-    def bench_case(s: Shape) -> BenchCase:
-        return BenchCase(s, *flops(*s.args, t.fwd.chunk))
+    def bench_case(s: Shape) -> FlopsBenchCase:
+        return FlopsBenchCase(s.args, *flops(*s.args, t.fwd.chunk))
 
     first = spec.bench.shapes[0]  # the sweep's other dims
 

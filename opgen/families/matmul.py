@@ -14,14 +14,14 @@ counts the benchmark divides by.
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import StrictBool
 
 from opgen.families.contract import Family, scaffold
-from opgen.plan import (DTYPE_BYTES, CompileJob, GradPlan, PlanBase, SourceInfo, Sweep, Table,
-                        base_fields, ceildiv, distinct_jobs, explain_tables, flops_table,
+from opgen.plan import (DTYPE_BYTES, CompileJob, FlopsBenchCase, GradPlan, PlanBase, SourceInfo,
+                        Sweep, Table, base_fields, ceildiv, distinct_jobs, explain_tables, flops_table,
                         format_bytes, kernel_plan, not_positive, over_smem_limit, refuse_shape,
                         whole_kib)
 from opgen.spec import (BenchSection, Block, DirectGrad, PositiveInt, Stages, StrictModel,
@@ -247,21 +247,8 @@ def flops(m: int, n: int, k: int) -> tuple[int, int]:
 SIZE_SWEEP = (512, 1024, 2048, 4096, 8192)
 
 
-@dataclass(frozen=True)
-class BenchCase:
-    m: int
-    n: int
-    k: int
-    fwd_flops: int
-    bwd_flops: int
-
-    @property
-    def row(self) -> tuple:
-        return astuple(self)
-
-
-def bench_case(m: int, n: int, k: int) -> BenchCase:
-    return BenchCase(m, n, k, *flops(m, n, k))
+def bench_case(m: int, n: int, k: int) -> FlopsBenchCase:
+    return FlopsBenchCase((m, n, k), *flops(m, n, k))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -273,7 +260,7 @@ class Plan(PlanBase):
     apply_args: str  # what the public function passes to check_inputs and apply_op
     tail_case: MatmulShape  # the shape with the most tail tiles: strided dC, batched A, ...
     square_case: MatmulShape  # m = n = k: the swapped-gradient check
-    bench_cases: tuple[BenchCase, ...]
+    bench_cases: tuple[FlopsBenchCase, ...]
     smem: dict[str, int]  # GEMM phase -> shared-memory estimate in bytes
 
 
