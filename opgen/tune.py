@@ -199,6 +199,8 @@ def write_tuned(text: str, entries: dict[tuple[int, bool], dict[str, dict[str, i
                     not lines[j].strip() or j in removed for j in range(before, after)):
                 removed.add(i)
     block = render_tuned(entries, comment) if entries else ""
+    if removed and not block and min(removed) > 0 and not lines[min(removed) - 1].strip():
+        removed.add(min(removed) - 1)  # the blank line the table was inserted after
     if removed:
         at = min(removed)
         kept = [line for i, line in enumerate(lines) if i not in removed]
