@@ -627,7 +627,8 @@ def tune(
             t = c.tiling_dict
             table.add_row(str(c.head_dim), str(c.causal).lower(), c.phase, str(t["block_m"]),
                           str(t["block_n"]), str(t["threads"]), str(t["num_stages"]),
-                          f"ok, {r.smem_bytes // 1024} KB smem" if r.ok else
+                          ("ok (TileLang's cache)" if r.cached else
+                           f"ok, {r.smem_bytes // 1024} KB smem") if r.ok else
                           "failed: " + r.error.splitlines()[-1][:80])
         out.print(table)
         if not compiled:

@@ -97,6 +97,9 @@ def compile_one(spec: str, kernels_path: str, job: CompileJob) -> CompileResult:
     try:
         module = _load(kernels_path)
         kernel = getattr(module, job.factory)(*job.args, **job.tiling)
+        if kernel.artifact is None:  # loaded from TileLang's disk cache (keep_cache): built before
+            return CompileResult(spec, job.label, True, time.perf_counter() - start,
+                                 source="tilelang cache")
         smem, threads = _resources(kernel)
     except Exception as exc:  # report every failing kernel, keep compiling the rest
         text = f"{type(exc).__name__}: {exc}".strip().splitlines()

@@ -201,6 +201,6 @@ def test_tune_dry_run_lists_compiled_candidates(tmp_path, run_opgen):
                        "--max-candidates", "1", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "4 candidate(s) pass the spec's rules" in result.stdout
-    assert result.stdout.count("ok, ") == 4
+    assert result.stdout.count("ok") == 4
     assert "timing them needs a GPU (--dry-run): nothing written" in result.stdout
     assert spec.read_text() == SPEC_TEXT
