@@ -1,5 +1,5 @@
 """opgen: generate differentiable TileLang operators from TOML specs (new, list, build, check,
-explain, test, bench, plot)."""
+explain, test, bench, plot, tune)."""
 
 from __future__ import annotations
 
@@ -575,6 +575,101 @@ def plot(rows: Path = typer.Argument(..., metavar="ROWS.json",
     with user_errors():
         plot_sweep(rows, image)
         out.print(f"wrote {image.as_posix()} from {rows.as_posix()}")
+
+@app.command()
+def tune(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Spec file (attention family)."),
+    phases: str = typer.Option("fwd,bwd", "--phases", help="Phases to tune: fwd, bwd or both."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the candidates that pass the "
+                                 "spec's rules and the compile check; time nothing, write nothing."),
+    max_candidates: Optional[int] = typer.Option(None, "--max-candidates", min=1, help="At most N "
+                                                 "candidates per (head_dim, causal, phase), the "
+                                                 "spec's current tiling first."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Compile processes (default: CPUs)."),
+) -> None:
+    """Time the fwd/bwd tilings the spec's rules accept per (head_dim, causal) on this GPU and
+    write the fastest into the spec as [[tiling.tuned]] (a diff is printed). Each candidate is
+    compile-checked, then checked against the reference before it is timed. Without a GPU (or
+    with --dry-run) it lists the candidates and writes nothing. Exit 1 when no candidate is left."""
+    import datetime
+    import tomllib
+
+    from opgen import tune as tuning
+    from opgen.compile import compile_all, scratch_dir
+    from opgen.families.attention import TUNED_PHASES
+    from opgen.spec import SpecSource, read_spec, validate
+
+    with user_errors():
+        gen = generate(spec_path)
+        plan, family = gen.plan, FAMILIES[gen.plan.family]
+        if family.name != "attention":
+            raise OpgenError(f"{plan.source.spec_path}: family: opgen tune supports the attention "
+                             f"family only (got {echo(family.name)})")
+        chosen = tuple(p.strip() for p in phases.split(",") if p.strip())
+        if not chosen or any(p not in TUNED_PHASES for p in chosen):
+            raise OpgenError(f"--phases: a comma-separated list of {', '.join(TUNED_PHASES)} "
+                             f"(got {echo(phases)})")
+        source = read_spec(spec_path)
+        spec = validate(family.spec, source)
+        found = tuning.candidates(spec, [p for p in TUNED_PHASES if p in chosen], max_candidates)
+        out.print(f"{plan.source.spec_path}: {len(found)} candidate(s) pass the spec's rules; "
+                  "compile check (sm_90a)...", markup=False)
+        with scratch_dir() as scratch:
+            kernels_path = Path(scratch) / "kernels.py"
+            kernels_path.write_text(gen.files["kernels.py"], encoding="utf-8")
+            results = compile_all(
+                [(plan.source.spec_path, kernels_path, tuning.compile_job(spec, plan, c)) for c in found],
+                workers=jobs, keep_cache=True)
+        compiled = [c for c, r in zip(found, results, strict=True) if r.ok]
+        table = Table("head_dim", "causal", "phase", "block_m", "block_n", "threads", "num_stages",
+                      "compile", box=None)
+        for c, r in zip(found, results, strict=True):
+            t = c.tiling_dict
+            table.add_row(str(c.head_dim), str(c.causal).lower(), c.phase, str(t["block_m"]),
+                          str(t["block_n"]), str(t["threads"]), str(t["num_stages"]),
+                          ("ok (TileLang's cache)" if r.cached else
+                           f"ok, {r.smem_bytes // 1024} KB smem") if r.ok else
+                          "failed: " + r.error.splitlines()[-1][:80])
+        out.print(table)
+        if not compiled:
+            raise CheckFailed("no candidate passed the compile check")
+        import torch
+
+        if dry_run or not torch.cuda.is_available():
+            why = "--dry-run" if dry_run else "no CUDA GPU here"
+            out.print(f"{len(compiled)} candidate(s) compile; timing them needs a GPU ({why}): "
+                      "nothing written", markup=False)
+            return
+        gpu = torch.cuda.get_device_name()
+        if torch.cuda.get_device_capability() == (9, 0):
+            from opgen.compile import TARGET
+
+            # The compile check's target: its kernels come from TileLang's cache.
+            os.environ.setdefault("TILELANG_DEFAULT_TARGET", TARGET)
+
+        def report(c, ms, problem):
+            out.print(f"  {c.label}: " + (f"{ms:.3f} ms" if ms is not None else problem),
+                      markup=False)
+
+        with scratch_dir() as scratch:
+            autograd = tuning.import_package(gen.files, spec.name, Path(scratch))
+            times = tuning.time_candidates(spec, plan, autograd, compiled, report)
+        winners = tuning.pick_winners(compiled, times)
+        if not winners:
+            raise CheckFailed("no candidate gave the reference's result; nothing written")
+        for variant, c in sorted(winners.items()):
+            out.print(f"fastest: {c.label} ({times[c]:.3f} ms)", markup=False)
+        comment = f"{tuning.MARKER} on {gpu}, {datetime.date.today().isoformat()}"
+        text = tuning.write_tuned(source.text, tuning.merged_entries(spec, winners), comment)
+        validate(family.spec, SpecSource(source.path, "", tomllib.loads(text), text))
+        if text == source.text:
+            out.print(f"{source.path}: unchanged", markup=False)
+            return
+        out.print(tuning.unified_diff(source.text, text, source.path), markup=False, end="")
+        temp = spec_path.with_name(spec_path.name + ".tune-tmp")
+        temp.write_text(text, encoding="utf-8")
+        os.replace(temp, spec_path)
+        out.print(f"wrote {source.path}; next: `opgen build {source.path}`", markup=False)
 
 
 def _package(name: str, out_root: Path = OUT_ROOT) -> Path:

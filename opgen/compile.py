@@ -43,7 +43,7 @@ class CompileResult:
         return self.source != "compiled"
 
 
-def _init_worker(parent: int) -> None:
+def _init_worker(parent: int, keep_cache: bool = False) -> None:
     # The parent stops the workers itself on Ctrl-C (at once, see compile_all); a worker that
     # took the terminal's SIGINT too would print a traceback and linger.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -53,7 +53,8 @@ def _init_worker(parent: int) -> None:
 
     import tilelang
 
-    tilelang.disable_cache()  # a check compiles for real, every time
+    if not keep_cache:
+        tilelang.disable_cache()  # a check compiles for real, every time
     logging.getLogger("tilelang").setLevel(logging.WARNING)
     logging.getLogger("TileLang").setLevel(logging.WARNING)
 
@@ -96,6 +97,9 @@ def compile_one(spec: str, kernels_path: str, job: CompileJob) -> CompileResult:
     try:
         module = _load(kernels_path)
         kernel = getattr(module, job.factory)(*job.args, **job.tiling)
+        if kernel.artifact is None:  # loaded from TileLang's disk cache (keep_cache): built before
+            return CompileResult(spec, job.label, True, time.perf_counter() - start,
+                                 source="tilelang cache")
         smem, threads = _resources(kernel)
     except Exception as exc:  # report every failing kernel, keep compiling the rest
         text = f"{type(exc).__name__}: {exc}".strip().splitlines()
@@ -125,8 +129,11 @@ def compile_all(
     work: Iterable[tuple[str, Path, CompileJob]],
     workers: int | None = None,
     on_done: Callable[[CompileResult], None] | None = None,
+    keep_cache: bool = False,
 ) -> list[CompileResult]:
     """Compile (spec, kernels.py path, job) triples in a process pool; results in input order.
+    keep_cache: read and fill TileLang's disk cache (`opgen tune`: the GPU run then loads the
+    kernels the check built instead of compiling them again, one by one).
 
     On KeyboardInterrupt the workers are killed at once (a kernel compile takes seconds to
     finish) and the interrupt propagates.
@@ -135,7 +142,7 @@ def compile_all(
     workers = max(1, min(workers or os.cpu_count() or 1, len(work) or 1))
     results: dict[int, CompileResult] = {}
     pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                               initargs=(os.getpid(),))
+                               initargs=(os.getpid(), keep_cache))
     try:
         futures = {pool.submit(compile_one, spec, str(path), job): i for i, (spec, path, job) in enumerate(work)}
         for future in as_completed(futures):

@@ -304,13 +304,16 @@ class SpecBase(StrictModel):
 
 
 def family_spec(family: str, rules: tuple[Rule, ...], *, tiling: dict[str, BaseModel],
-                test: type[TestSection], bench: type[BenchSection], **sections: type[BaseModel]
+                test: type[TestSection], bench: type[BenchSection],
+                tiling_keys: dict[str, Any] | None = None, **sections: type[BaseModel]
                 ) -> type[SpecBase]:
     """A family's spec model: the shared keys, `family = "<family>"`, the family's own sections,
-    then [tiling] (a table per phase, defaulting to `tiling`), [test] and [bench]; each section
-    defaults to its model's defaults. Its whole-spec rules run after the shared ones."""
-    sections = {**sections, "tiling": tiling_section(f"{family}_tiling", tiling), "test": test,
-                "bench": bench}
+    then [tiling] (a table per phase, defaulting to `tiling`, plus `tiling_keys`: key=(type,
+    FieldInfo)), [test] and [bench]; each section defaults to its model's defaults. Its
+    whole-spec rules run after the shared ones."""
+    sections = {**sections,
+                "tiling": tiling_section(f"{family}_tiling", tiling, **(tiling_keys or {})),
+                "test": test, "bench": bench}
     model = create_model(f"{family}_spec", __base__=SpecBase, family=(Literal[family], ...),
                          **{key: (section, section()) for key, section in sections.items()})
     model.family_name, model.family_rules = family, rules
@@ -659,11 +662,15 @@ class TilingSection(StrictModel):
         if not isinstance(given, dict):
             return given
         return {key: {**cls.model_fields[key].default.model_dump(), **value}
-                if key in cls.model_fields and isinstance(value, dict) else value
+                if key in cls.model_fields and isinstance(value, dict)
+                and isinstance(cls.model_fields[key].default, BaseModel) else value
                 for key, value in given.items()}
 
 
-def tiling_section(name: str, defaults: dict[str, BaseModel]) -> type[TilingSection]:
-    """A family's [tiling] model: one table per phase of `defaults`, of that default's model."""
+def tiling_section(name: str, defaults: dict[str, BaseModel],
+                   **keys: tuple[Any, Any]) -> type[TilingSection]:
+    """A family's [tiling] model: one table per phase of `defaults`, of that default's model, and
+    any keys of the family's own (key=(type, default))."""
     return create_model(name, __base__=TilingSection,
-                        **{phase: (type(tiling), tiling) for phase, tiling in defaults.items()})
+                        **{phase: (type(tiling), tiling) for phase, tiling in defaults.items()},
+                        **keys)

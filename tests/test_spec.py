@@ -503,7 +503,7 @@ def test_bench_rules_are_shared_by_every_family(project, family):
         ('"tiling.fwd".block_m = 64\n', ('"tiling.fwd"', "unknown key; allowed keys here: "
          "attention, bench, dtypes, family, grads, name, namespace, saved, test, tiling")),
         ('[tiling]\n"fwd.block_m" = 64\n', ('tiling."fwd.block_m"', "unknown key; allowed keys "
-         "here: bwd, dsinks, fwd, postprocess, preprocess")),
+         "here: bwd, dsinks, fwd, postprocess, preprocess, tuned")),
     ],
 )
 def test_messages_speak_toml(project, text, expected):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Iterator, Literal
 
 from pydantic import Field, StrictBool
 
@@ -133,6 +133,33 @@ DEFAULT_BENCH_SHAPES = (
 )
 
 
+# The phases whose tiling [[tiling.tuned]] may set per (head_dim, causal): the GEMM kernels.
+TUNED_PHASES = ("fwd", "bwd")
+
+
+class TunedTiling(StrictModel):
+    """One [[tiling.tuned]] entry: the fwd and/or bwd tiling of calls at head_dim with this
+    causal flag (sliding-window calls are causal); other calls use [tiling.fwd] / [tiling.bwd]."""
+
+    head_dim: HeadDim
+    causal: StrictBool
+    fwd: GemmTiling | None = None
+    bwd: GemmTiling | None = None
+
+
+def gemm_tilings(spec: "Spec") -> Iterator[GemmTiling]:
+    """Every fwd/bwd tiling the package launches: the base ones, then the tuned ones."""
+    for phase in TUNED_PHASES:
+        yield getattr(spec.tiling, phase)
+    for entry in spec.tiling.tuned:
+        yield from (t for t in (entry.fwd, entry.bwd) if t is not None)
+
+
+def gemm_blocks(spec: "Spec") -> tuple[int, ...]:
+    """The block sizes of every fwd/bwd tiling (the tests' tails and windows must cover them)."""
+    return tuple(b for t in gemm_tilings(spec) for b in (t.block_m, t.block_n))
+
+
 def allowed_reductions(section: AttentionSection) -> dict[str, tuple[str, ...]]:
     """The reductions each gradient supports, given the variant switches."""
     allowed = {
@@ -197,8 +224,7 @@ def gqa_tests_a_grouped_shape(spec: Spec):
 def tested_windows_cover_the_blocks(spec: Spec):
     windows = spec.test.windows
     if spec.attention.sliding_window:
-        blocks = (spec.tiling.fwd.block_m, spec.tiling.fwd.block_n, spec.tiling.bwd.block_m,
-                  spec.tiling.bwd.block_n)
+        blocks = gemm_blocks(spec)
         if not windows or min(windows) >= min(blocks) or max(windows) <= max(blocks):
             yield "test.windows", (
                 f"list a window smaller than {min(blocks)} and one larger than {max(blocks)} "
@@ -235,10 +261,7 @@ def layouts_and_head_dims_listed_once(spec: Spec):
 
 
 def tested_shapes_have_a_tail(spec: Spec):
-    smallest_block = min(
-        spec.tiling.fwd.block_m, spec.tiling.fwd.block_n, spec.tiling.bwd.block_m,
-        spec.tiling.bwd.block_n,
-    )
+    smallest_block = min(gemm_blocks(spec))
     shapes = spec.test.shapes
     if shapes and all(s.seq_len % smallest_block == 0 for s in shapes):
         yield "test.shapes", (
@@ -256,27 +279,67 @@ def bench_head_dims_built(spec: Spec):
             )
 
 
+def smem_problems(phase: str, tiling: GemmTiling, head_dims) -> Iterator[str]:
+    """Why the fwd/bwd kernel of `tiling` does not fit shared memory at one of `head_dims`."""
+    for dim in head_dims:
+        if problem := over_smem_limit(smem_bytes(phase, tiling, dim), f" at head_dim {dim}",
+                                      "block_m, block_n or num_stages"):
+            yield problem
+
+
+def warpgroup_problems(tiling: GemmTiling) -> Iterator[tuple[str, str]]:
+    """(key below the tiling table, problem) of threads that TileLang cannot lay out."""
+    if threads_problem := not_whole_warpgroups(tiling.threads):
+        yield ".threads", threads_problem
+    elif not warpgroup_rows_fit(tiling):
+        groups = tiling.threads // 128
+        yield "", (
+            f"block_m = {tiling.block_m} over {tiling.threads} threads has no TileLang "
+            f"layout: use block_m = 64 * threads / 128 (= {64 * groups}), or threads = 128 "
+            "with block_m >= 64"
+        )
+
+
+def tiling_problems(phase: str, tiling: GemmTiling, head_dims) -> list[tuple[str, str]]:
+    """Every problem of one fwd/bwd tiling, as (key below its table, message): what the spec's
+    rules report and what `opgen tune` filters its candidates with."""
+    return [("", p) for p in smem_problems(phase, tiling, head_dims)] + list(
+        warpgroup_problems(tiling))
+
+
 def tiles_fit_shared_memory(spec: Spec):
-    for phase in ("fwd", "bwd"):
-        tiling = getattr(spec.tiling, phase)
-        for dim in spec.attention.head_dims:
-            if problem := over_smem_limit(smem_bytes(phase, tiling, dim), f" at head_dim {dim}",
-                                          "block_m, block_n or num_stages"):
-                yield f"tiling.{phase}", problem
+    for phase in TUNED_PHASES:
+        for problem in smem_problems(phase, getattr(spec.tiling, phase), spec.attention.head_dims):
+            yield f"tiling.{phase}", problem
 
 
 def tiles_fill_warpgroups(spec: Spec):
-    for phase in ("fwd", "bwd"):
-        tiling = getattr(spec.tiling, phase)
-        if threads_problem := not_whole_warpgroups(tiling.threads):
-            yield f"tiling.{phase}.threads", threads_problem
-        elif not warpgroup_rows_fit(tiling):
-            groups = tiling.threads // 128
-            yield f"tiling.{phase}", (
-                f"block_m = {tiling.block_m} over {tiling.threads} threads has no TileLang "
-                f"layout: use block_m = 64 * threads / 128 (= {64 * groups}), or threads = 128 "
-                "with block_m >= 64"
-            )
+    for phase in TUNED_PHASES:
+        for key, problem in warpgroup_problems(getattr(spec.tiling, phase)):
+            yield f"tiling.{phase}{key}", problem
+
+
+def tuned_tilings_fit(spec: Spec):
+    """[[tiling.tuned]] entries: a built head dim, one entry per (head_dim, causal), and tilings
+    under the rules of the base tiling, at that head dim."""
+    seen = set()
+    for i, entry in enumerate(spec.tiling.tuned):
+        where = f"tiling.tuned.{i}"
+        if entry.head_dim not in spec.attention.head_dims:
+            yield f"{where}.head_dim", (
+                f"must be one of attention.head_dims {echo(spec.attention.head_dims)} "
+                f"(got {entry.head_dim})")
+        if (entry.head_dim, entry.causal) in seen:
+            yield where, (f"repeats head_dim = {entry.head_dim}, causal = "
+                          f"{echo(entry.causal)}: one entry per (head_dim, causal)")
+        seen.add((entry.head_dim, entry.causal))
+        if entry.fwd is None and entry.bwd is None:
+            yield where, "give fwd, bwd or both (a tiling table each)"
+        for phase in TUNED_PHASES:
+            tiling = getattr(entry, phase)
+            if tiling is not None:
+                for key, problem in tiling_problems(phase, tiling, (entry.head_dim,)):
+                    yield f"{where}.{phase}{key}", problem
 
 
 # The attention rules, in the order their problems are reported (after the shared ones).
@@ -291,12 +354,16 @@ RULES = (
     bench_head_dims_built,
     tiles_fit_shared_memory,
     tiles_fill_warpgroups,
+    tuned_tilings_fit,
 )
 
 
 Spec = family_spec(
     "attention", RULES, attention=AttentionSection, grads=AttentionGrads, saved=AttentionSaved,
     tiling=DEFAULT_TILING,
+    # [[tiling.tuned]]: tilings per (head_dim, causal), written by `opgen tune`. Left out of the
+    # spec's hash when empty, so a spec without it hashes as before the key existed.
+    tiling_keys={"tuned": (tuple[TunedTiling, ...], Field((), exclude_if=lambda v: not v))},
     # windows: the sliding windows to test (attention.sliding_window).
     test=TestSection.of(AttentionTestShape, DEFAULT_TEST_SHAPES,
                         windows=(tuple[PositiveInt, ...], ())),
@@ -380,6 +447,15 @@ class Plan(PlanBase):
     atomic_case: TestCase  # the shape of the atomic double-run check (grouped if any)
     smem: dict[str, dict[int, int]]  # phase -> head_dim -> bytes (estimate)
     bench_cases: tuple[FlopsBenchCase, ...]
+    # [[tiling.tuned]] as printed: kernel key -> {(head_dim, causal): tiling}, only for the
+    # phases that have entries (kernels.py prints each as <KEY>_TILINGS), and the expression
+    # variant_calls picks each phase's tiling with.
+    tuned: dict[str, dict[tuple[int, bool], dict[str, int]]]
+    tiling_exprs: dict[str, str]
+
+    def tiling_for(self, key: str, head_dim: int, causal: bool) -> dict[str, int]:
+        """The tiling kernel `key` launches with at (head_dim, causal)."""
+        return self.tuned.get(key, {}).get((head_dim, causal), self.kernels[key].tiling)
 
 
 # The benchmark's --sweep: the first bench shape at these sequence lengths (its batch, heads and
@@ -441,6 +517,13 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         kernels["dsinks"] = kernel("dsinks", "bwd_dsinks", "bwd_param",
                                    "per-row dsinks terms -exp(sink - lse) * Delta (summed on the host)",
                                    "(ceildiv(seq_len, block_m), heads, batch)", t.dsinks, (3,))
+
+    tuned = tuned_tables(spec)
+    tiling_exprs = {
+        key: (f"{k.tiling_name}S.get((head_dim, causal), {k.tiling_name})" if key in tuned
+              else k.tiling_name)
+        for key, k in kernels.items()
+    }
 
     notes = {
         "atomic": "fp32 atomics into a zeroed buffer, then a cast",
@@ -516,13 +599,15 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         mask_cases=tuple(mask_cases),
         gqa_case=gqa_case,
         atomic_case=gqa_case or test_cases[0],
-        compile_jobs=_compile_jobs(spec, kernels, chosen, test_cases, mask_cases),
+        compile_jobs=_compile_jobs(spec, kernels, tuned, chosen, test_cases, mask_cases),
         smem={
             phase: {d: smem_bytes(phase, getattr(t, phase), d) for d in section.head_dims}
             for phase in ("fwd", "bwd")
         },
         bench_cases=tuple(bench_case(s) for s in spec.bench.shapes),
         bench_fields=BENCH_FIELDS,
+        tuned=tuned,
+        tiling_exprs=tiling_exprs,
         bench_unit="TFLOP/s",
         sweep=Sweep("seq_len", "sequence length", SEQ_LEN_SWEEP, tuple(
             bench_case(first.model_copy(update={"seq_len": n})) for n in SEQ_LEN_SWEEP)),
@@ -535,7 +620,18 @@ def default_softmax_scale(head_dim: int) -> float:
     return (1.0 / head_dim) ** 0.5
 
 
-def _compile_jobs(spec, kernels, chosen, test_cases, mask_cases) -> tuple[CompileJob, ...]:
+def tuned_tables(spec: Spec) -> dict[str, dict[tuple[int, bool], dict[str, int]]]:
+    """[[tiling.tuned]] by phase: {(head_dim, causal): tiling}, sorted, phases without entries
+    left out."""
+    tables: dict[str, dict[tuple[int, bool], dict[str, int]]] = {}
+    for entry in sorted(spec.tiling.tuned, key=lambda e: (e.head_dim, e.causal)):
+        for phase in TUNED_PHASES:
+            if (tiling := getattr(entry, phase)) is not None:
+                tables.setdefault(phase, {})[entry.head_dim, entry.causal] = tiling.model_dump()
+    return tables
+
+
+def _compile_jobs(spec, kernels, tuned, chosen, test_cases, mask_cases) -> tuple[CompileJob, ...]:
     """Every kernel variant the package launches: per layout, dtype and head dim, each mask mode,
     and the bwd dK/dV modes (MHA shapes write directly; grouped shapes use the spec's reduction,
     and the generated tests also run the other one)."""
@@ -552,15 +648,19 @@ def _compile_jobs(spec, kernels, chosen, test_cases, mask_cases) -> tuple[Compil
         scale = default_softmax_scale(dim)
         for mask in mask_cases:
             window = mask.window or 0
+
+            def tiling(key):
+                return tuned.get(key, {}).get((dim, mask.causal), kernels[key].tiling)
+
             k = kernels["fwd"]
             jobs.append(CompileJob(k.factory, (1, 1, dim, mask.causal, window, layout, dtype, scale),
-                                   k.tiling, f"fwd {tag} {mask.id}"))
+                                   tiling("fwd"), f"fwd {tag} {mask.id}"))
             k = kernels["bwd"]
             for g, dk, dv in bwd_modes:
                 modes = f"groups={g} dk={dk} dv={dv}"
                 jobs.append(CompileJob(
                     k.factory, (g, 1, dim, mask.causal, window, layout, dtype, scale, dk, dv),
-                    k.tiling, f"bwd {tag} {mask.id} {modes}"))
+                    tiling("bwd"), f"bwd {tag} {mask.id} {modes}"))
         for key in ("preprocess", "postprocess"):
             k = kernels[key]
             jobs.append(CompileJob(k.factory, (1, dim, layout, dtype), k.tiling,
@@ -585,7 +685,7 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     groups = h // kv
 
     def blocks(key):
-        return ceildiv(s, p.kernels[key].tiling["block_m"])
+        return ceildiv(s, p.tiling_for(key, d, causal)["block_m"])
 
     grids = {
         "fwd": (blocks("fwd"), h, b),

@@ -1,0 +1,206 @@
+"""`opgen tune` on the CPU: [[tiling.tuned]] in the spec and the plan, the candidates, the pure
+selection from (fake) timings, the text edit of the spec, and `--dry-run` end to end (the real
+compile check). Timing itself needs a GPU."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT
+from opgen import tune
+from opgen.errors import SpecError
+from opgen.families import FAMILIES
+from opgen.families.attention import tiling_problems
+from opgen.render import generate, load_plan
+from opgen.spec import GemmTiling, SpecSource, read_spec, validate
+import tomllib
+
+ATTENTION = FAMILIES["attention"].spec
+TUNED_SPEC = REPO_ROOT / "tests/specs/attention_tuned.toml"
+
+
+def spec_of(text: str):
+    return validate(ATTENTION, SpecSource("specs/x.toml", "", tomllib.loads(text), text))
+
+
+def shipped(name: str = "attention"):
+    return validate(ATTENTION, read_spec(REPO_ROOT / f"specs/{name}.toml"))
+
+
+def test_tuned_table_parses_and_plans():
+    plan, _ = load_plan(TUNED_SPEC)
+    assert plan.tuned["fwd"] == {
+        (64, False): {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2},
+        (128, True): {"block_m": 128, "block_n": 32, "threads": 256, "num_stages": 2},
+    }
+    assert list(plan.tuned["bwd"]) == [(64, False)]
+    assert plan.tiling_for("fwd", 128, False) == plan.kernels["fwd"].tiling
+    assert plan.tiling_for("bwd", 64, False)["block_m"] == 64
+    # The compile check builds every variant with the tiling it launches with.
+    fwd_jobs = {(j.args[2], j.args[3]): j.tiling for j in plan.compile_jobs
+                if j.factory == "attention_tuned_fwd"}
+    assert fwd_jobs[64, False]["block_n"] == 128 and fwd_jobs[64, True] == plan.kernels["fwd"].tiling
+
+
+def test_package_without_a_table_prints_none():
+    plan, _ = load_plan(REPO_ROOT / "specs/attention.toml")
+    assert plan.tuned == {} and plan.tiling_exprs["fwd"] == "FWD_TILING"
+    files = generate(REPO_ROOT / "specs/attention.toml").files
+    assert "FWD_TILINGS" not in files["kernels.py"] + files["autograd.py"]
+
+
+def test_variant_calls_pick_the_tuned_tiling(tmp_path, monkeypatch):
+    files = generate(TUNED_SPEC).files
+    assert "FWD_TILINGS = {" in files["kernels.py"]
+    package = tmp_path / "attention_tuned"
+    package.mkdir()
+    for name, text in files.items():
+        (package / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    autograd = importlib.import_module("attention_tuned.autograd")
+    try:
+        def calls(dim, causal):
+            return autograd.variant_calls(4, 4, dim, causal, 0, "bshd", "float16", 0.1,
+                                          "direct", "direct")
+
+        assert calls(64, False)["fwd"][2] == {"block_m": 128, "block_n": 128, "threads": 256,
+                                              "num_stages": 2}
+        assert calls(64, False)["bwd"][2]["block_m"] == 64
+        assert calls(64, True)["fwd"][2] is autograd.FWD_TILING
+        assert calls(128, True)["fwd"][2]["block_n"] == 32
+        assert calls(128, True)["bwd"][2] is autograd.BWD_TILING
+    finally:
+        for name in [m for m in sys.modules if m.startswith("attention_tuned")]:
+            del sys.modules[name]
+
+
+def test_digest_of_a_spec_without_a_table_is_unchanged():
+    # The empty table is no part of the hash: specs without it keep their packages' headers.
+    assert "tuned" not in shipped().model_dump()["tiling"]
+
+
+BASE = 'name = "x"\nfamily = "attention"\n'
+
+
+@pytest.mark.parametrize("entry, field, words", [
+    ("head_dim = 96\ncausal = false\nfwd = { block_m = 128, block_n = 64, threads = 256, num_stages = 1 }",
+     "tiling.tuned.0.head_dim", "must be one of attention.head_dims"),
+    ("head_dim = 128\ncausal = true\nbwd = { block_m = 128, block_n = 128, threads = 256, num_stages = 3 }",
+     "tiling.tuned.0.bwd", "shared memory at head_dim 128"),
+    ("head_dim = 64\ncausal = true\nfwd = { block_m = 64, block_n = 64, threads = 256, num_stages = 1 }",
+     "tiling.tuned.0.fwd", "has no TileLang layout"),
+    ("head_dim = 64\ncausal = true", "tiling.tuned.0", "give fwd, bwd or both"),
+])
+def test_bad_tuned_entries(entry, field, words):
+    with pytest.raises(SpecError) as info:
+        spec_of(BASE + "[[tiling.tuned]]\n" + entry + "\n")
+    assert any(f == field and words in m for f, m in info.value.problems), info.value.problems
+
+
+def test_candidates_pass_the_rules_current_tiling_first():
+    spec = shipped()
+    found = tune.candidates(spec)
+    assert found, "no candidate"
+    for c in found:
+        assert not tiling_problems(c.phase, GemmTiling(**c.tiling_dict), (c.head_dim,))
+    first = {}
+    for c in found:
+        first.setdefault(c.variant, c)
+    assert first[64, False, "fwd"].tiling_dict == spec.tiling.fwd.model_dump()
+    assert first[128, True, "bwd"].tiling_dict == spec.tiling.bwd.model_dump()
+    assert len(found) == len(set(found))
+    limited = tune.candidates(spec, ["fwd"], max_candidates=2)
+    assert len(limited) == 2 * 2 * 2  # 2 head dims x causal or not x 2
+    assert {c.phase for c in limited} == {"fwd"}
+
+
+def test_pick_winners_from_fake_timings():
+    def cand(dim, causal, phase, block_n):
+        return tune._as_candidate(dim, causal, phase, {"block_m": 128, "block_n": block_n,
+                                                        "threads": 256, "num_stages": 1})
+
+    a, b, c = cand(64, False, "fwd", 32), cand(64, False, "fwd", 64), cand(64, False, "fwd", 128)
+    d, e = cand(64, True, "fwd", 32), cand(64, True, "fwd", 64)
+    f = cand(128, False, "bwd", 32)
+    times = {a: 2.0, b: 1.5, c: None,  # c was wrong: dropped even if it would be fastest
+             d: 1.0, e: 1.0,  # a tie: the earlier (the spec's current tiling first) wins
+             f: None}  # no working candidate: no winner, the variant keeps its tiling
+    winners = tune.pick_winners([a, b, c, d, e, f], times)
+    assert winners == {(64, False, "fwd"): b, (64, True, "fwd"): d}
+
+
+SPEC_TEXT = (REPO_ROOT / "specs/attention.toml").read_text()
+WINNERS = {
+    (64, False): {"fwd": {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2}},
+    (128, True): {"fwd": {"block_m": 64, "block_n": 64, "threads": 128, "num_stages": 2},
+                  "bwd": {"block_m": 64, "block_n": 32, "threads": 128, "num_stages": 1}},
+}
+COMMENT = "# tuned by opgen tune on NVIDIA H200, 2026-12-05"
+
+
+def test_writer_keeps_every_line_and_is_idempotent():
+    once = tune.write_tuned(SPEC_TEXT, WINNERS, COMMENT)
+    twice = tune.write_tuned(once, WINNERS, COMMENT)
+    assert twice == once
+    assert once.count("[[tiling.tuned]]") == 2 and once.count(COMMENT) == 1
+    # Only lines added: every original line (comments too) is there, in order.
+    added = [line for line in tune.unified_diff(SPEC_TEXT, once, "s").splitlines()
+             if line.startswith(("+", "-")) and not line.startswith(("+++", "---"))]
+    assert all(line.startswith("+") for line in added)
+    # After the last [tiling.*] table, before the [test] section's comment.
+    assert once.index("[[tiling.tuned]]") > once.index("[tiling.dsinks]")
+    assert once.index(COMMENT) < once.index("# Generated tests")
+    spec = spec_of(once)
+    assert [(e.head_dim, e.causal) for e in spec.tiling.tuned] == [(64, False), (128, True)]
+    assert spec.tiling.tuned[1].bwd.threads == 128
+
+
+def test_writer_replaces_an_earlier_table():
+    once = tune.write_tuned(SPEC_TEXT, WINNERS, COMMENT)
+    later = "# tuned by opgen tune on NVIDIA H100, 2027-01-01"
+    again = tune.write_tuned(once, {(64, True): WINNERS[64, False]}, later)
+    assert COMMENT not in again and again.count("[[tiling.tuned]]") == 1
+    assert again == tune.write_tuned(SPEC_TEXT, {(64, True): WINNERS[64, False]}, later)
+    assert tune.write_tuned(once, {}, later) == SPEC_TEXT
+
+
+def test_merged_entries_keep_phases_not_tuned():
+    spec = spec_of(tune.write_tuned(SPEC_TEXT, WINNERS, COMMENT))
+    new_fwd = tune._as_candidate(128, True, "fwd", {"block_m": 128, "block_n": 32, "threads": 256,
+                                                     "num_stages": 1})
+    entries = tune.merged_entries(spec, {new_fwd.variant: new_fwd})
+    assert entries[128, True]["fwd"]["block_n"] == 32
+    assert entries[128, True]["bwd"] == WINNERS[128, True]["bwd"]
+    assert entries[64, False] == WINNERS[64, False]
+
+
+def test_tune_refuses_other_families_and_phases(tmp_path, run_opgen):
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs/m.toml").write_text((REPO_ROOT / "specs/matmul.toml").read_text())
+    result = run_opgen("tune", "specs/m.toml", cwd=tmp_path)
+    assert result.returncode == 2 and "attention family only" in result.stderr
+    (tmp_path / "specs/a.toml").write_text(SPEC_TEXT)
+    result = run_opgen("tune", "specs/a.toml", "--phases", "fwd,dsinks", cwd=tmp_path)
+    assert result.returncode == 2 and "--phases" in result.stderr
+    (tmp_path / "specs/bad.toml").write_text(BASE + "[[tiling.tuned]]\nhead_dim = 64\ncausal = true\n")
+    result = run_opgen("tune", "specs/bad.toml", cwd=tmp_path)
+    assert result.returncode == 2 and "tiling.tuned.0: give fwd, bwd or both" in result.stderr
+
+
+@pytest.mark.compile
+@pytest.mark.xdist_group("compile")
+def test_tune_dry_run_lists_compiled_candidates(tmp_path, run_opgen):
+    (tmp_path / "specs").mkdir()
+    spec = tmp_path / "specs/attention.toml"
+    spec.write_text(SPEC_TEXT)
+    result = run_opgen("tune", "specs/attention.toml", "--dry-run", "--phases", "fwd",
+                       "--max-candidates", "1", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 candidate(s) pass the spec's rules" in result.stdout
+    assert result.stdout.count("ok") == 4
+    assert "timing them needs a GPU (--dry-run): nothing written" in result.stdout
+    assert spec.read_text() == SPEC_TEXT
