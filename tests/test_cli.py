@@ -20,6 +20,7 @@ PACKAGE_FILES = [
     "__init__.py",
     "autograd.py",
     "bench_{name}.py",
+    "hf.py",
     "kernels.py",
     "modules.py",
     "opgen-manifest.json",

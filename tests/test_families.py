@@ -26,7 +26,7 @@ def test_family_declares_the_contract(name):
     assert family.description and family.scaffolds
     assert all(data["title"] for data in family.scaffolds.values())
     assert set(family.required_shape_keys) <= set(family.shape_keys)
-    assert set(family.templates) == set(OUTPUT_TEMPLATES)
+    assert set(family.templates) == set(OUTPUT_TEMPLATES) | set(family.extra_outputs)
     env = environment()
     for template in [*family.templates.values(), family.scaffold_template]:
         env.get_template(template)

@@ -163,10 +163,12 @@ def test_output_does_not_depend_on_hash_seed(rendered):
 
 
 @pytest.mark.parametrize("spec, golden", GOLDEN, ids=IDS)
-def test_expected_files(rendered, spec, golden):
+def test_expected_files(repo_root, rendered, spec, golden):
     op = Path(golden).name
+    family = load_plan(Path(spec))[1]
     assert sorted(rendered[spec]) == sorted(
         [
+            *family.extra_outputs,
             "__init__.py",
             "autograd.py",
             "modules.py",

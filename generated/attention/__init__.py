@@ -16,7 +16,8 @@ q: the queries; k, v: the keys and values, with q's batch, seq_len and head_dim 
 Dtypes torch.float16 or torch.bfloat16 (strided views are copied once into dense tensors), layouts bshd, bhsd; head_dim one of 64, 128.
 causal: query i sees keys j <= i. O has q's shape and dtype.
 Under torch.autocast, q, k and v are cast to autocast's dtype first (as SDPA's are).
-See `attention()` for every argument."""
+See `attention()` for every argument. For Hugging Face transformers, `hf.register()` (hf.py)
+adds it as attn_implementation="opgen_attention" (transformers is imported only then)."""
 
 import tilelang
 

@@ -19,7 +19,8 @@ sinks: [heads], one logit per query head that takes softmax mass and adds no val
 Dtypes torch.float16 or torch.bfloat16 (strided views are copied once into dense tensors), layouts bshd; head_dim one of 64, 128.
 causal: query i sees keys j <= i; window: it sees keys i - window < j <= i. O has q's shape and dtype.
 Under torch.autocast, q, k and v are cast to autocast's dtype first (as SDPA's are).
-See `attention_sink()` for every argument."""
+See `attention_sink()` for every argument. For Hugging Face transformers, `hf.register()` (hf.py)
+adds it as attn_implementation="opgen_attention_sink" (transformers is imported only then)."""
 
 import tilelang
 

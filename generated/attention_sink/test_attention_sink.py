@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from . import autograd
+from . import hf
 from .autograd import (
     ALLOC,
     DK_REDUCTION,
@@ -664,3 +665,105 @@ def test_cpu_tensors_run_the_reference():
             None,
             layout,
         )
+
+
+# hf.py, the Hugging Face transformers hookup, on a tiny model with random weights built from a
+# config (no download): gpt-oss (sinks as s_aux, a sliding window of 16 on every other layer).
+HF_DTYPE = torch.bfloat16
+
+
+def hf_model(device):
+    """The tiny model in float32 (every attention layer's `scaling` set to SOFTMAX_SCALE, which
+    is not the default), and a batch of token ids."""
+    transformers = pytest.importorskip(
+        "transformers", reason="the hf.py tests build a transformers model"
+    )
+    hf.register()
+    config = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        initializer_range=0.05,
+        tie_word_embeddings=False,
+    )
+    # One expert: the router's softmax over one logit is 1, no choice for rounding to flip (and
+    # the router's gradients are zeros in every run).
+    config = transformers.GptOssConfig(
+        **config,
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"],
+        num_local_experts=1,
+        num_experts_per_tok=1,
+        experts_implementation="eager",
+    )
+    model_class = transformers.GptOssForCausalLM
+    torch.manual_seed(0)
+    model = model_class(config).to(device)
+    for layer in model.model.layers:
+        layer.self_attn.scaling = SOFTMAX_SCALE
+        # Sinks near 2 (not near 0, as initialized): each takes a visible share of its rows.
+        torch.nn.init.normal_(layer.self_attn.sinks, mean=2.0)
+    ids = torch.randint(0, 128, (2, 200))  # drawn on the CPU: the same on every device
+    return model, ids.to(device)
+
+
+def hf_run(model, ids, implementation, autocast_dtype=None):
+    """{name: float32 tensor}: the loss and every parameter's gradient after one forward and
+    backward with attn_implementation=implementation (under torch.autocast(autocast_dtype))."""
+    model.set_attn_implementation(implementation)
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(ids.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    # A parameter the loss does not reach (a sink the op never saw) gets zeros: a failed comparison.
+    grads = {
+        name: p.grad if p.grad is not None else torch.zeros_like(p)
+        for name, p in model.named_parameters()
+    }
+    return {name: t.detach().float() for name, t in {"loss": loss, **grads}.items()}
+
+
+def check_hf_model_matches_eager(device, precision):
+    """The model with attn_implementation=hf.NAME against transformers' own eager attention, the
+    loss and every parameter gradient. precision "float32": float32 weights under
+    torch.autocast(HF_DTYPE) (the op computes in 16-bit dtypes), else the model cast to HF_DTYPE.
+    Both implementations are measured against the exact run (eager attention in float32, the same
+    weight values, no autocast): opgen's max error must be at most twice eager's at the same
+    precision, plus the spec's rtol for HF_DTYPE times the largest exact value."""
+    model, ids = hf_model(device)
+    if precision != "float32":
+        # The weights rounded to HF_DTYPE: one set of values for every run.
+        model.to(HF_DTYPE).float()
+    exact = hf_run(model, ids, "eager")
+    autocast_dtype = HF_DTYPE if precision == "float32" else None
+    if autocast_dtype is None:
+        model.to(HF_DTYPE)
+    eager = hf_run(model, ids, "eager", autocast_dtype)
+    opgen = hf_run(model, ids, hf.NAME, autocast_dtype)
+    rtol = TOLERANCES[HF_DTYPE][0]
+    failures = []
+    for name, want in exact.items():
+        scale = want.abs().max().item()
+        err = (opgen[name] - want).abs().max().item()
+        eager_err = (eager[name] - want).abs().max().item()
+        if err > 2 * eager_err + rtol * scale:
+            failures.append(
+                f"{name}: max err {err:.4g} (eager's {eager_err:.4g}), max |exact| {scale:.4g}, "
+                f"cos_sim={cos_sim(opgen[name], want):.4f}"
+            )
+    assert not failures, f"{len(failures)} of {len(exact)} values (rtol={rtol}):\n" + "\n".join(
+        failures
+    )
+
+
+@requires_cuda
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_hf_model_matches_eager(precision):
+    """hf.register() and attn_implementation=hf.NAME on CUDA: see check_hf_model_matches_eager."""
+    check_hf_model_matches_eager("cuda", precision)

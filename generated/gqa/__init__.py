@@ -17,7 +17,8 @@ and kv_heads dividing q's heads (grouped-query attention).
 Dtypes torch.float16 or torch.bfloat16 (strided views are copied once into dense tensors), layouts bshd; head_dim one of 64, 128.
 causal: query i sees keys j <= i. O has q's shape and dtype.
 Under torch.autocast, q, k and v are cast to autocast's dtype first (as SDPA's are).
-See `gqa()` for every argument."""
+See `gqa()` for every argument. For Hugging Face transformers, `hf.register()` (hf.py)
+adds it as attn_implementation="opgen_gqa" (transformers is imported only then)."""
 
 import tilelang
 

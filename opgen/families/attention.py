@@ -420,6 +420,22 @@ class MaskCase:
     window: int | None
 
 
+@dataclass(frozen=True)
+class HfCase:
+    """The tiny random-init transformers model of the generated hf.py tests, built from a config
+    (no download): gpt-oss (sinks as `s_aux`, a sliding window on every other layer) for a package
+    with sinks, Llama (causal GQA) for one without."""
+
+    model: str  # "gpt_oss" or "llama"
+    heads: int
+    kv_heads: int
+    head_dim: int
+    window: int | None  # gpt-oss's sliding layers; None: every layer full
+    batch: int
+    seq_len: int  # above the window, not a multiple of any block
+    dtype: str  # the 16-bit dtype of the model (or of autocast around a float32 one)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan(PlanBase):
     layouts: tuple[str, ...]
@@ -456,11 +472,19 @@ class Plan(PlanBase):
     def tiling_for(self, key: str, head_dim: int, causal: bool) -> dict[str, int]:
         """The tiling kernel `key` launches with at (head_dim, causal)."""
         return self.tuned.get(key, {}).get((head_dim, causal), self.kernels[key].tiling)
+    # hf.py: the layout it passes transformers' [batch, heads, seq_len, head_dim] views in (bshd,
+    # the transposed view, where the package has it: its output is the [batch, seq_len, heads,
+    # head_dim] transformers wants), and the model its tests run.
+    hf_layout: str
+    hf_case: HfCase
 
 
 # The benchmark's --sweep: the first bench shape at these sequence lengths (its batch, heads and
 # head dim; five points, each a FlexAttention compile).
 SEQ_LEN_SWEEP = (1024, 2048, 4096, 8192, 16384)
+# The hf tests' sequence length: past the smallest test window and every block size, a multiple
+# of none of them (a tail block).
+HF_SEQ_LEN = 200
 BENCH_FIELDS = ("batch", "heads", "kv_heads", "seq_len", "head_dim", "causal", "window")
 
 
@@ -605,6 +629,13 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
             for phase in ("fwd", "bwd")
         },
         bench_cases=tuple(bench_case(s) for s in spec.bench.shapes),
+        hf_layout="bshd" if "bshd" in section.layouts else "bhsd",
+        hf_case=HfCase(
+            model="gpt_oss" if section.sinks else "llama", heads=4, kv_heads=2 if section.gqa else 4,
+            head_dim=section.head_dims[0],
+            window=min(spec.test.windows) if section.sinks and section.sliding_window else None,
+            batch=2, seq_len=HF_SEQ_LEN,
+            dtype="bfloat16" if "bfloat16" in spec.dtypes else spec.dtypes[0]),
         bench_fields=BENCH_FIELDS,
         tuned=tuned,
         tiling_exprs=tiling_exprs,
@@ -742,4 +773,6 @@ FAMILY = Family(
                  "window; fwd, Delta preprocess, bwd, dQ cast, dsinks"),
     shape_keys=("batch", "heads", "kv_heads", "seq_len", "head_dim", "causal", "window", "dtype"),
     optional_shape_keys=("kv_heads", "causal", "window", "dtype"),
+    # The Hugging Face transformers hookup: register() as an attention implementation.
+    extra_outputs={"hf.py": "hf.py.jinja"},
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from pydantic import BaseModel
@@ -35,6 +35,8 @@ class Family:
     description: str
     shape_keys: tuple[str, ...]  # in the order `explain --shape` lists them
     optional_shape_keys: tuple[str, ...] = ("dtype",)
+    # Output files of this family only, beside OUTPUT_TEMPLATES (file -> template in its folder).
+    extra_outputs: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -48,7 +50,8 @@ class Family:
     @property
     def templates(self) -> dict[str, str]:
         """Output file -> template."""
-        return {out: f"{self.name}/{name}" for out, name in OUTPUT_TEMPLATES.items()}
+        outputs = {**OUTPUT_TEMPLATES, **self.extra_outputs}
+        return {out: f"{self.name}/{name}" for out, name in outputs.items()}
 
     @property
     def scaffold_template(self) -> str:
