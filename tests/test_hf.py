@@ -4,7 +4,7 @@ A CPU tensor runs the package's reference, so these tests prove the argument map
 softmax scale, causal, window, sinks, GQA, the output's dim order) and the refusals, not the
 kernels: the generated test_hf_model_matches_eager runs the same comparison on CUDA. They build
 tiny random-init models from a config (no download) with the generated tests' own helpers, and
-skip without transformers (not in the `test` extra: a large dependency for one module).
+skip without transformers (not in the `test` extra: a large dependency for one module; `pip install -e ".[hf]"`).
 """
 
 from __future__ import annotations
