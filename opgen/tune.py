@@ -14,7 +14,6 @@ import difflib
 import importlib
 import itertools
 import re
-import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +36,6 @@ SEARCH_SPACE = {
 }
 # The shape a head dim is timed at when no [bench] shape has that head dim.
 DEFAULT_SHAPE = {"batch": 4, "heads": 16, "kv_heads": 16, "seq_len": 4096}
-# Timing: back-to-back calls between two CUDA events, the median over batches.
-CALLS_PER_BATCH = 10
-BATCHES = 7
 MARKER = "# tuned by opgen tune"
 
 
@@ -246,25 +242,6 @@ def import_package(files: dict[str, str], name: str, scratch: Path):
         sys.path.remove(str(scratch))
 
 
-def stream_ms(fn: Callable[[], Any]) -> float:
-    """ms per call: BATCHES batches of CALLS_PER_BATCH back-to-back calls between CUDA events,
-    the median batch (after one warm-up call)."""
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(BATCHES):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(CALLS_PER_BATCH):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / CALLS_PER_BATCH)
-    return statistics.median(times)
-
-
 def _max_error(got, want) -> float:
     return (got.float() - want.float()).abs().max().item()
 
@@ -282,6 +259,8 @@ def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
     tol = spec.test.tolerance_for(dtype_name)
     layout = spec.attention.layouts[0]
     reference = getattr(autograd, f"{spec.name}_reference")
+    # The package bench's timing (back-to-back calls, the median batch): the method of its tables.
+    bench = importlib.import_module(f"{autograd.__package__}.bench_{spec.name}")
     names = {phase: plan.kernels[phase].tiling_name for phase in TUNED_PHASES}
     saved = {n: getattr(autograd, n) for p in names.values() for n in (p, p + "S")
              if hasattr(autograd, n)}
@@ -337,7 +316,7 @@ def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
                         times[candidate] = None
                         report(candidate, None, "wrong: " + ", ".join(wrong))
                         continue
-                    times[candidate] = stream_ms(call)
+                    times[candidate] = bench.stream_ms(call)
                     report(candidate, times[candidate], "")
                 except Exception as exc:  # a candidate that fails is dropped, the rest still run
                     times[candidate] = None
