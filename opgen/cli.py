@@ -528,6 +528,9 @@ def bench(name: str = typer.Argument(..., help="Operator name."),
           json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH",
                                                    help="Also write every row printed to PATH "
                                                         "as JSON."),
+          csv_path: Optional[Path] = typer.Option(None, "--csv", metavar="PATH",
+                                                  help="Also write every row printed to PATH "
+                                                       "as CSV."),
           plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="PNG",
                                                    help="Run the sweep, write its JSON beside "
                                                         "PNG (PNG's name with .json, or --json "
@@ -548,7 +551,8 @@ def bench(name: str = typer.Argument(..., help="Operator name."),
                 raise OpgenError(f"--plot: {plot_path.as_posix()} would be the JSON too; give it "
                                  "another suffix (.png) or --json another path")
         flags = [*(["--sweep"] if sweep else []), *(["--overhead"] if overhead else []),
-                 *(["--json", str(json_path)] if json_path else [])]
+                 *(["--json", str(json_path)] if json_path else []),
+                 *(["--csv", str(csv_path)] if csv_path else [])]
         # `python -m <name>.bench_<name>` with DIR first on the path: the package imports itself
         # by its own name, whatever DIR is.
         path = os.environ.get("PYTHONPATH")

@@ -1,9 +1,10 @@
-"""The generated benchmarks' rows as JSON (--json), their sweep (--sweep) and command line, on the
+"""The generated benchmarks' rows as JSON (--json) and CSV (--csv), their sweep (--sweep) and command line, on the
 CPU: the record and write functions are called with made-up numbers, no GPU timing.
 """
 
 from __future__ import annotations
 
+import csv
 import datetime
 import json
 import subprocess
@@ -61,6 +62,40 @@ def test_records_are_written_as_json_with_their_metadata(name, tmp_path):
     ]
     # Every case value is a plain JSON value (ints, bools, None): the case reads back as written.
     assert all(isinstance(v, (int, bool, type(None))) for v in case.values())
+
+
+@pytest.mark.parametrize("name", ["attention", "swiglu"])
+def test_records_are_written_as_csv_one_line_per_row(name, tmp_path):
+    """The same rows as the JSON, flattened: the case's fields and every number as columns, a
+    missing value empty, the metadata on every line."""
+    bench = bench_of(name)
+    records = bench.Records(str(tmp_path / "rows.json"), str(tmp_path / "rows.csv"))
+    case = dict(zip(bench.CASE_FIELDS, bench.SHAPES[0]))
+    records.timed("shapes", case, f"opgen {name}", 1.5, 300.0, 4.0, 250.0)
+    records.add("shapes", case, "a baseline", error="not installed")
+    records.add("host overhead", {"shape": bench.TINY}, f"opgen {name}", fwd_us=30.5, fwd_bwd_us=99.0)
+    records.save()
+
+    assert not list(tmp_path.glob("*.partial"))
+    with open(tmp_path / "rows.csv", newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        lines = list(reader)
+    header = reader.fieldnames
+    assert header[:len(case) + 1] == ["table", *case]
+    assert header.index("implementation") < header.index("fwd_ms") < header.index("error")
+    assert len(header) == len(set(header)), "no column twice (the row's unit is the metadata's)"
+    data = json.loads((tmp_path / "rows.json").read_text())
+    assert len(lines) == len(data["rows"]) == 3
+    first, failed, host = lines
+    assert {k: first[k] for k in case} == {k: str(v) if v is not None else "" for k, v in case.items()}
+    assert (first["implementation"], float(first["fwd_ms"]), float(first["bwd_throughput"])) == (
+        f"opgen {name}", 1.5, 250.0)
+    assert first["error"] == "" and first["fwd_us"] == "" and first["shape"] == ""
+    assert failed["error"] == "not installed" and failed["fwd_ms"] == ""
+    assert host["table"] == "host overhead" and float(host["fwd_bwd_us"]) == 99.0
+    for line in lines:
+        assert line["package"] == name and line["unit"] == data["unit"]
+        assert line["date"] == data["date"] and line["sweep"] == bench.SWEEP_AXIS
 
 
 def test_records_keep_the_columns_a_table_adds_and_write_nothing_without_a_path(tmp_path):
@@ -147,7 +182,7 @@ def test_bench_command_line_without_a_gpu():
     bench says so in one line, whatever its flags."""
     helped = run_bench("rmsnorm", "--help")
     assert helped.returncode == 0, helped.stderr
-    for flag in ("--sweep", "--overhead", "--json PATH"):
+    for flag in ("--sweep", "--overhead", "--json PATH", "--csv PATH"):
         assert flag in helped.stdout
     assert "rows 256, 1024, 4096, 16384, 65536" in " ".join(helped.stdout.split())
     both = run_bench("rmsnorm", "--sweep", "--overhead")

@@ -119,9 +119,9 @@ def test_bench_passes_its_flags_on_and_stops_on_a_failed_run(repo_root, cli, mon
     monkeypatch.setattr("opgen.cli.subprocess.call", lambda cmd, env: commands.append(cmd[3:]) or 1)
     assert cli("bench", "matmul", "--sweep", "--json", "m.json").exit_code == 1
     assert cli("bench", "matmul", "--overhead").exit_code == 1
-    assert cli("bench", "matmul").exit_code == 1
+    assert cli("bench", "matmul", "--csv", "m.csv").exit_code == 1
     assert cli("bench", "matmul", "--plot", "m.png").exit_code == 1  # the run failed: no plot
-    assert commands == [["--sweep", "--json", "m.json"], ["--overhead"], [],
+    assert commands == [["--sweep", "--json", "m.json"], ["--overhead"], ["--csv", "m.csv"],
                         ["--sweep", "--json", "m.json"]]
     assert not (REPO_ROOT / "m.png").exists()
 
@@ -142,7 +142,7 @@ def test_bench_refuses_flags_that_do_not_go_together(repo_root, cli, args, messa
 def test_help_lists_the_bench_flags_and_plot(cli):
     bench = cli("bench", "--help")
     assert bench.exit_code == 0
-    for flag in ("--sweep", "--overhead", "--json", "--plot", "--out"):
+    for flag in ("--sweep", "--overhead", "--json", "--csv", "--plot", "--out"):
         assert flag in bench.stdout
     assert "pip install 'opgen[plot]'" in bench.stdout
     top = cli("--help")

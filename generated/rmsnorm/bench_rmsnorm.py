@@ -6,6 +6,7 @@
     --sweep: at rows 256, 1024, 4096, 16384, 65536 instead of the spec's shapes (SWEEP)
     --overhead: only the host time per call at a tiny shape
     --json PATH: every row printed also written to PATH, with the GPU, versions and date
+    --csv PATH: the same rows as CSV, one line each (the case's fields and the metadata as columns)
 
 GB/s of the op's own bytes, the same for every implementation: fwd reads x and w and writes y;
 bwd reads dy, x and w and writes dx and dw (each once; opgen's saved rstd, 4 bytes a row, is not
@@ -13,6 +14,7 @@ counted). Median times of back-to-back calls (stream_ms). A baseline that cannot
 its reason instead of a number."""
 
 import argparse
+import csv
 import datetime
 import json
 import os
@@ -191,11 +193,12 @@ def host_overhead(records):
 class Records:
     """Every row the tables print, as a record: its table ("shapes", "sweep" or "host
     overhead"), case (CASE_FIELDS and their values), implementation, numbers, and the reason it
-    did not run (error, else None). With a path, save() writes them all there as JSON, after
-    each case: a run cut short keeps what it measured."""
+    did not run (error, else None). With a path, save() writes them all there as JSON (and with
+    csv_path as CSV), after each case: a run cut short keeps what it measured."""
 
-    def __init__(self, path=None):
+    def __init__(self, path=None, csv_path=None):
         self.path = path
+        self.csv_path = csv_path
         self.rows = []
 
     def add(self, table, case, implementation, error=None, **numbers):
@@ -218,8 +221,11 @@ class Records:
         )
 
     def save(self):
+        meta = metadata()  # one date for both files
         if self.path:
-            write_json(self.path, self.rows)
+            write_json(self.path, self.rows, meta)
+        if self.csv_path:
+            write_csv(self.csv_path, self.rows, meta)
 
 
 def metadata():
@@ -238,13 +244,41 @@ def metadata():
     }
 
 
-def write_json(path, rows):
-    """metadata() and rows as one JSON object at path: written beside it, then renamed over it,
+def write_json(path, rows, meta):
+    """meta (metadata()) and rows as one JSON object at path: written beside it, then renamed over it,
     so a reader never sees half a file."""
     partial = f"{path}.partial"
     with open(partial, "w", encoding="utf-8") as f:
-        json.dump({**metadata(), "rows": rows}, f, indent=1)
+        json.dump({**meta, "rows": rows}, f, indent=1)
         f.write("\n")
+    os.replace(partial, path)
+
+
+def csv_columns(rows, meta):
+    """The CSV header: table, the case's fields, implementation, every number column, error (each
+    in the order rows first name it), then the metadata."""
+    case, numbers = {}, {}
+    for row in rows:
+        case.update(dict.fromkeys(row["case"]))
+        numbers.update(
+            dict.fromkeys(k for k in row if k not in ("table", "case", "implementation", "error"))
+        )
+    return list(dict.fromkeys(["table", *case, "implementation", *numbers, "error", *meta]))
+
+
+def write_csv(path, rows, meta):
+    """rows as CSV at path, one line per row, the case flattened into its fields and the metadata
+    repeated on each line (so a line stands alone in a spreadsheet); a missing value is an empty
+    cell. Written beside the file, then renamed over it, as write_json."""
+    columns = csv_columns(rows, meta)
+    meta = {**meta, "sweep": meta["sweep"]["axis"], "argv": " ".join(meta["argv"])}
+    partial = f"{path}.partial"
+    with open(partial, "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, columns, restval="")
+        writer.writeheader()
+        for row in rows:
+            flat = {k: v for k, v in row.items() if k != "case"}
+            writer.writerow({**meta, **row["case"], **flat})
     os.replace(partial, path)
 
 
@@ -267,6 +301,7 @@ def parse_args(argv=None):
         metavar="PATH",
         help="also write every row printed to PATH as JSON, with the GPU, versions and date",
     )
+    parser.add_argument("--csv", metavar="PATH", help="also write every row printed to PATH as CSV")
     return parser.parse_args(argv)
 
 
@@ -276,7 +311,7 @@ if __name__ == "__main__":
         sys.exit(
             f"bench_rmsnorm: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was timed"
         )
-    records = Records(args.json)
+    records = Records(args.json, args.csv)
     records.save()  # a path that cannot be written fails now, before any timing
     if args.sweep:
         main(SWEEP, "sweep", records)
