@@ -256,3 +256,69 @@ def test_autocast_dtype_the_package_lacks_is_refused(package, trap, monkeypatch)
     with torch.autocast("cpu", dtype=BF16):
         with pytest.raises(TypeError, match="autocast's dtype torch.bfloat16 is not supported"):
             public(package)(*make_inputs(package, (F32, F32, F32)).values(), **KWARGS)
+
+
+def fused_views(package, pad=0, device="cuda"):
+    """q, k, v split from one [2, 9, heads + 2 kv_heads, 64] bf16 projection (a model's fused
+    qkv), each a strided view; with pad, from rows of 2 * pad more elements, the heads' from
+    pad on."""
+    heads, kv_heads = (4, 2) if package != "attention" else (4, 4)
+    width = (heads + 2 * kv_heads) * HEAD_DIM
+    rows = torch.empty(2, 9, width + 2 * pad, dtype=BF16, device=device)
+    base = rows.narrow(2, pad, width).unflatten(2, (heads + 2 * kv_heads, HEAD_DIM))
+    return base.split([heads, kv_heads, kv_heads], dim=2)
+
+
+@pytest.mark.parametrize("package", ATTENTION)
+def test_views_reach_the_kernels_in_place(package, forward_calls):
+    """q, k, v split from a fused projection, and transposed from [batch, heads, seq, dim], reach
+    the forward op as they are (the kernels read their strides): no copy."""
+    calls = forward_calls(package)
+    with FakeTensorMode():
+        split = fused_views(package)
+        # (clone, not .contiguous(): a CPU build of torch fails that on fake CUDA tensors)
+        transposed = [t.transpose(1, 2).clone(memory_format=torch.contiguous_format).transpose(1, 2)
+                      for t in split]
+        extra = [torch.empty(4, device="cuda")] if package == "attention_sink" else []
+        for views in (split, transposed):
+            assert not any(t.is_contiguous() for t in views)
+            public(package)(*views, *extra, **KWARGS)
+    for (args, views) in zip(calls, (split, transposed)):
+        for got, view in zip(args[:3], views):
+            assert (got.stride(), got.storage_offset()) == (view.stride(), view.storage_offset())
+
+
+@pytest.mark.parametrize("package", ATTENTION)
+def test_views_off_16_bytes_are_copied_once(package, forward_calls):
+    """A view whose strides or start are not on 16 bytes (TMA's rule), or whose last dim is
+    strided, reaches the op as a dense copy."""
+    calls = forward_calls(package)
+    autograd = import_generated(package, "autograd")
+    with FakeTensorMode():
+        unaligned = fused_views(package, pad=4)
+        assert not any(autograd.read_in_place(t) for t in unaligned)
+        extra = [torch.empty(4, device="cuda")] if package == "attention_sink" else []
+        public(package)(*unaligned, *extra, **KWARGS)
+    (args,) = calls
+    assert all(t.is_contiguous() and t.storage_offset() == 0 for t in args[:3])
+
+
+def test_read_in_place_rule():
+    autograd = import_generated("attention", "autograd")
+    dense = torch.empty(2, 9, 4, HEAD_DIM, dtype=BF16)
+    assert autograd.read_in_place(dense)
+    assert autograd.read_in_place(dense.transpose(1, 2))  # another dim order
+    assert autograd.read_in_place(dense[:, 1:])  # offset 4 * 64 elements
+    assert not autograd.read_in_place(dense.transpose(-1, -2).contiguous().transpose(-1, -2))
+    assert not autograd.read_in_place(torch.empty(dense.numel() + 4, dtype=BF16)[4:].view(dense.shape))
+    assert not autograd.read_in_place(torch.empty(2, 9, 4 * HEAD_DIM + 4, dtype=BF16)[..., :-4]
+                                      .view(dense.shape))  # rows of 260 elements
+    assert not autograd.read_in_place(torch.empty(1, HEAD_DIM, dtype=BF16).expand(9, HEAD_DIM)
+                                      .view(1, 9, 1, HEAD_DIM).expand(2, 9, 4, HEAD_DIM))  # stride 0
+    # A dim of length 1 may have any stride.
+    assert autograd.read_in_place(torch.empty(1, 9, 4, HEAD_DIM, dtype=BF16).as_strided(
+        (1, 9, 4, HEAD_DIM), (3, 4 * HEAD_DIM, HEAD_DIM, 1)))
+    # check_inputs (apply_op's callers, torch.compile) says what is wrong.
+    bad = dense.transpose(-1, -2).contiguous().transpose(-1, -2)
+    with pytest.raises(ValueError, match="q needs a contiguous last dim and 16-byte aligned"):
+        autograd.check_inputs(bad, dense, dense, True, None, "bshd")

@@ -1,5 +1,6 @@
-"""Do two kernels' builds overlap? gqa's fwd and bwd kernels built alone, then together in two
-threads: wall and thread CPU seconds of each (TileLang's cache off). Without a GPU set
+"""Do kernel builds overlap? gqa's fwd and bwd kernels built alone, then together in two
+threads, then all four of a variant (fwd, bwd, preprocess, postprocess) in four threads as the
+first call builds them: wall and thread CPU seconds of each (TileLang's cache off). Without a GPU set
 TILELANG_DEFAULT_TARGET='{"kind":"cuda","arch":"sm_90a"}'."""
 import os, sys, time, threading
 sys.path.insert(0, os.getcwd())
@@ -22,3 +23,10 @@ t = time.perf_counter()
 with ThreadPoolExecutor(2) as pool:
     res = list(pool.map(build, ["fwd", "bwd"]))
 print("together", res, "wall", round(time.perf_counter() - t, 2), flush=True)
+if "--two" not in sys.argv:
+    for name in ("preprocess", "postprocess"):
+        print("alone", build(name), flush=True)
+    t = time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:
+        res = list(pool.map(build, ["fwd", "bwd", "preprocess", "postprocess"]))
+    print("four together", res, "wall", round(time.perf_counter() - t, 2), flush=True)

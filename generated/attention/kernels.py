@@ -50,6 +50,17 @@ def _shape(layout, batch, heads, seq_len, dim):
     return [batch, seq_len, heads, dim] if layout == "bshd" else [batch, heads, seq_len, dim]
 
 
+def _input(shape, dtype, name):
+    """Q, K or V as the kernels read them: any strides with a contiguous last dim, each other
+    stride a symbol bound from the tensor at each call, so views (q, k, v split from a fused
+    projection, a transpose) are read in place and one compiled kernel serves dense tensors and
+    views alike. The tiles are loaded by TMA, whose descriptors are built on the host from the
+    strides: the device code is the same as for a dense tensor. TMA needs every stride but the
+    last, and the start, on a 16-byte boundary (the autograd module copies a view that is not)."""
+    strides = [T.dynamic(f"{name}_stride{i}") for i in range(len(shape) - 1)]
+    return T.StridedTensor(shape, [*strides, 1], dtype)
+
+
 def _indexers(layout):
     """Layout-aware tile and element access, so each kernel body is written once."""
 
@@ -157,9 +168,9 @@ def attention_fwd(
 
     @T.prim_func
     def fwd(
-        Q: T.Tensor(q_shape, dtype),
-        K: T.Tensor(kv_shape, dtype),
-        V: T.Tensor(kv_shape, dtype),
+        Q: _input(q_shape, dtype, "q"),
+        K: _input(kv_shape, dtype, "k"),
+        V: _input(kv_shape, dtype, "v"),
         O: T.Tensor(q_shape, dtype),
         lse: T.Tensor([batch, heads, padded_dim()], ACCUM),
     ):
@@ -309,9 +320,9 @@ def attention_bwd(
 
     @T.prim_func
     def bwd(
-        Q: T.Tensor(q_shape, dtype),
-        K: T.Tensor(kv_shape, dtype),
-        V: T.Tensor(kv_shape, dtype),
+        Q: _input(q_shape, dtype, "q"),
+        K: _input(kv_shape, dtype, "k"),
+        V: _input(kv_shape, dtype, "v"),
         dO: T.Tensor(q_shape, dtype),
         lse: T.Tensor([batch, heads, padded_dim()], ACCUM),
         Delta: T.Tensor([batch, heads, padded_dim()], ACCUM),

@@ -25,6 +25,7 @@ from .autograd import (
     dims,
     forward_op,
     launcher,
+    read_in_place,
     run_forward,
     shape_of,
     variant_calls,
@@ -508,8 +509,10 @@ def test_rejects_bad_inputs_before_launch(no_launch):
         attention(*good.values(), causal=causal, layout=layout, softmax_scale="0.1")
     with pytest.raises(ValueError, match="4-D"):
         call(q=good["q"][0], k=good["k"][0], v=good["v"][0])
-    with pytest.raises(ValueError, match="contiguous"):  # apply_op's callers: dense tensors only
-        check_inputs(*{**good, "q": good["q"].transpose(1, 2)}.values(), causal, window, layout)
+    # apply_op's callers: tensors the kernels read in place (the last dim contiguous).
+    with pytest.raises(ValueError, match="contiguous last dim"):
+        strided_last = good["q"].transpose(-1, -2).contiguous().transpose(-1, -2)
+        check_inputs(*{**good, "q": strided_last}.values(), causal, window, layout)
     with pytest.raises(ValueError, match="k and v must have one shape"):
         call(k=good["k"][:, :-1].contiguous())
     with pytest.raises(ValueError, match="head_dim"):
@@ -534,11 +537,12 @@ def test_rejects_tensors_on_two_devices(no_launch):
 
 
 @requires_cuda
-@pytest.mark.parametrize("view", ["fused_split", "transposed"])
+@pytest.mark.parametrize("view", ["fused_split", "transposed", "unaligned"])
 def test_strided_views_are_taken(view):
     """q, k, v as a model passes them: split from one fused projection (rows strided), or the
-    other dim order transposed. The output equals the one of dense copies, and the gradients
-    reach the viewed tensors."""
+    other dim order transposed: the kernels read them in place. "unaligned": split from rows of
+    8 more elements than the heads hold, 4 in: strides and start off 16 bytes, copied first.
+    The output equals the one of dense copies, and the gradients reach the viewed tensors."""
     batch, heads, kv_heads, seq_len, head_dim = SHAPES[0].values
     causal, window = MASKS[-1].values
     layout = LAYOUTS[0]
@@ -553,10 +557,19 @@ def test_strided_views_are_taken(view):
         base = torch.cat([as_bshd(t.detach()) for t in dense], dim=2).requires_grad_()
         views = [as_bshd(t) for t in base.split(split, dim=2)]
         bases = [base]
-    else:
+    elif view == "transposed":
         bases = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in dense]
         views = [t.transpose(1, 2) for t in bases]
+    else:
+        # [batch, seq, (heads + 2 kv_heads) * dim + 8] rows, the heads' elements from the 5th.
+        flat = torch.cat([as_bshd(t.detach()).flatten(2) for t in dense], dim=2)
+        padded = torch.nn.functional.pad(flat, (4, 4))
+        base = padded.requires_grad_()
+        inner = base[..., 4:-4].unflatten(2, (sum(split), head_dim))
+        views = [as_bshd(t) for t in inner.split(split, dim=2)]
+        bases = [base]
     assert not any(t.is_contiguous() for t in views)
+    assert [read_in_place(t) for t in views] == [view != "unaligned"] * 3
     o_dense = attention(*dense, *extra, causal=causal, layout=layout)
     o_view = attention(*views, *extra, causal=causal, layout=layout)
     torch.testing.assert_close(o_view, o_dense, rtol=0, atol=0)
@@ -564,6 +577,13 @@ def test_strided_views_are_taken(view):
     grads_view = torch.autograd.grad(o_view, bases, do)
     if view == "fused_split":
         grads_view = [as_bshd(g) for g in grads_view[0].split(split, dim=2)]
+    elif view == "unaligned":
+        grad = grads_view[0]
+        assert not grad[..., :4].any() and not grad[..., -4:].any()  # the padding: no gradient
+        grads_view = [
+            as_bshd(g)
+            for g in grad[..., 4:-4].unflatten(2, (sum(split), head_dim)).split(split, dim=2)
+        ]
     else:
         grads_view = [g.transpose(1, 2) for g in grads_view]
     for got, want in zip(grads_view, grads_dense):

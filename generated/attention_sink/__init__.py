@@ -16,7 +16,7 @@
 q: the queries; k, v: the keys and values, with q's batch, seq_len and head_dim,
 and kv_heads dividing q's heads (grouped-query attention).
 sinks: [heads], one logit per query head that takes softmax mass and adds no value.
-Dtypes torch.float16 or torch.bfloat16 (strided views are copied once into dense tensors), layouts bshd; head_dim one of 64, 128.
+Dtypes torch.float16 or torch.bfloat16 (strided views with a contiguous last dim, such as q, k, v split from a fused projection, are read in place), layouts bshd; head_dim one of 64, 128.
 causal: query i sees keys j <= i; window: it sees keys i - window < j <= i. O has q's shape and dtype.
 Under torch.autocast, q, k and v are cast to autocast's dtype first (as SDPA's are).
 See `attention_sink()` for every argument. For Hugging Face transformers, `hf.register()` (hf.py)

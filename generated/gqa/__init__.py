@@ -14,7 +14,7 @@
 
 q: the queries; k, v: the keys and values, with q's batch, seq_len and head_dim,
 and kv_heads dividing q's heads (grouped-query attention).
-Dtypes torch.float16 or torch.bfloat16 (strided views are copied once into dense tensors), layouts bshd; head_dim one of 64, 128.
+Dtypes torch.float16 or torch.bfloat16 (strided views with a contiguous last dim, such as q, k, v split from a fused projection, are read in place), layouts bshd; head_dim one of 64, 128.
 causal: query i sees keys j <= i. O has q's shape and dtype.
 Under torch.autocast, q, k and v are cast to autocast's dtype first (as SDPA's are).
 See `gqa()` for every argument. For Hugging Face transformers, `hf.register()` (hf.py)

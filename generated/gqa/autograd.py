@@ -173,10 +173,15 @@ def check_inputs(q, k, v, causal, window, layout, softmax_scale=None):
             raise ValueError(
                 f"gqa: {name} must be on a CUDA device, or the CPU (the reference) (got {t.device})"
             )
-        if not t.is_contiguous():
+        if not (read_in_place(t) if name in ("q", "k", "v") else t.is_contiguous()):
+            what = (
+                "a contiguous last dim and 16-byte aligned strides and start"
+                if name in ("q", "k", "v")
+                else "to be contiguous"
+            )
             raise ValueError(
-                f"gqa: {name} must be contiguous (got shape {tuple(t.shape)}, strides "
-                f"{t.stride()}); call .contiguous() first"
+                f"gqa: {name} needs {what} (got shape {tuple(t.shape)}, strides "
+                f"{t.stride()}, storage offset {t.storage_offset()}); call .contiguous() first"
             )
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in DTYPE_NAMES:
@@ -299,7 +304,8 @@ def run_forward(q, k, v, causal, window, layout, softmax_scale):
     if kernel_key(*calls["fwd"]) not in KERNELS:
         prebuild(calls.values())  # a new variant: its backward's kernels too, in parallel
     fwd = launcher(calls["fwd"])
-    o = torch.empty_like(q)
+    # Dense, whatever q's strides (empty_like would copy a transposed q's).
+    o = q.new_empty(q.shape)
     # Rows past seq_len are padding the kernels write and the backward's masked tiles read.
     lse = q.new_empty((batch, heads, padded_rows(seq_len)), dtype=torch.float32)
     fwd(q, k, v, o, lse)
@@ -370,7 +376,7 @@ def run_backward(
     dk_buffer, dv_buffer = dkv_alloc(dk_reduction), dkv_alloc(dv_reduction)
     launcher(calls["bwd"])(q, k, v, do, lse, delta, dq_accum, dk_buffer, dv_buffer)
 
-    dq = torch.empty_like(q)
+    dq = q.new_empty(q.shape)  # dense, as o
     launcher(calls["postprocess"])(dq_accum, dq)
     dk, dv = dkv_finish(dk_buffer, dk_reduction), dkv_finish(dv_buffer, dv_reduction)
     return dq, dk, dv
@@ -423,7 +429,8 @@ def _(q, k, v, causal, window, layout, softmax_scale):
 
 @backward_op.register_fake
 def _(q, k, v, o, lse, do, causal, window, layout, softmax_scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # Dense, as the real gradients (empty_like would keep a transposed input's strides).
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def setup_context(ctx, inputs, output):
@@ -487,11 +494,31 @@ def eager(t):
     )
 
 
+# TMA, which loads the q, k and v tiles, needs every stride but the last and each tensor's start
+# on a 16-byte boundary.
+TMA_ALIGNMENT = 16
+
+
+def read_in_place(t):
+    """Whether the kernels read q, k or v as it is, views included (q, k, v split from a fused
+    projection, a transpose): its last dim contiguous, every other stride of a dim longer than 1
+    nonzero, and those strides and its storage offset multiples of 16 bytes (the allocator's
+    storages start on a 512-byte boundary)."""
+    step = TMA_ALIGNMENT // t.element_size()
+    if t.stride(-1) != 1 or t.storage_offset() % step:
+        return False
+    return all(
+        size == 1 or (stride > 0 and stride % step == 0)
+        for size, stride in zip(t.shape[:-1], t.stride()[:-1])
+    )
+
+
 def dense(t):
-    """t itself if contiguous, else one dense copy (differentiable): the kernels index q, k, v as
-    dense tensors, and real models pass views (the split of a fused qkv projection, a transpose
-    of [batch, heads, seq_len, head_dim])."""
-    return t.contiguous() if isinstance(t, torch.Tensor) else t
+    """q, k or v as the kernels take it: itself where they read it in place (read_in_place), else
+    one dense copy (differentiable)."""
+    if not isinstance(t, torch.Tensor) or read_in_place(t):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def apply_op(q, k, v, causal, window, layout, softmax_scale=None):
@@ -543,8 +570,10 @@ def gqa(q, k, v, causal=True, layout="bshd", *, softmax_scale=None):
     """Softmax attention O = softmax(q k^T * softmax_scale, masked) v, differentiable in q, k, v.
 
     q: the queries, torch.float16 or torch.bfloat16; head_dim one of 64, 128;
-    [batch, seq_len, heads, head_dim] for layout 'bshd'. Strided views (q, k, v split from a fused projection, or transposed)
-    are taken: each non-contiguous one is copied once into a dense tensor before the kernels.
+    [batch, seq_len, heads, head_dim] for layout 'bshd'. Strided views are read in place, with no copy, where the last dim is
+    contiguous and the other strides are multiples of 16 bytes: q, k, v split from a fused
+    projection, or transposed from another dim order. Any other layout is copied once into a
+    dense tensor first.
     k, v: the keys and values: q's batch, seq_len, head_dim and dtype, with kv_heads heads, a
     divisor of q's heads (grouped-query attention: KV head h serves the heads // kv_heads
     consecutive query heads from h * heads // kv_heads).
@@ -567,11 +596,7 @@ def gqa(q, k, v, causal=True, layout="bshd", *, softmax_scale=None):
     for empty inputs), no kernel launch.
     """
     q, k, v = autocast_inputs(q, k, v)
-    q, k, v = (
-        dense(q),
-        dense(k),
-        dense(v),
-    )
+    q, k, v = dense(q), dense(k), dense(v)
     check_inputs(q, k, v, causal, None, layout, softmax_scale)
     if q.device.type == "cpu":
         # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or
