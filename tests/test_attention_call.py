@@ -320,5 +320,20 @@ def test_read_in_place_rule():
         (1, 9, 4, HEAD_DIM), (3, 4 * HEAD_DIM, HEAD_DIM, 1)))
     # check_inputs (apply_op's callers, torch.compile) says what is wrong.
     bad = dense.transpose(-1, -2).contiguous().transpose(-1, -2)
-    with pytest.raises(ValueError, match="q needs a contiguous last dim and 16-byte aligned"):
+    with pytest.raises(ValueError, match="q needs a contiguous last dim and 16-byte aligned strides"):
         autograd.check_inputs(bad, dense, dense, True, None, "bshd")
+
+
+def test_under_torch_compile_the_op_copies_a_view_off_16_bytes(monkeypatch):
+    """torch.compile does not trace storage_offset(): there the public function leaves a view
+    whose strides TMA can read to the op, and the op copies it if it starts off 16 bytes."""
+    autograd = import_generated("attention", "autograd")
+    unaligned, aligned = fused_views("attention", pad=4, device="cpu")[0], fused_views("attention", device="cpu")[0]
+    unaligned.copy_(torch.randn(unaligned.shape))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert autograd.dense(unaligned) is unaligned and autograd.dense(aligned) is aligned
+    copy = autograd.aligned_start(unaligned)
+    assert copy is not unaligned and copy.is_contiguous() and torch.equal(copy, unaligned)
+    assert autograd.aligned_start(aligned) is aligned
+    monkeypatch.undo()
+    assert autograd.dense(unaligned) is not unaligned and autograd.dense(aligned) is aligned

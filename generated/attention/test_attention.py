@@ -541,7 +541,7 @@ def test_rejects_tensors_on_two_devices(no_launch):
 def test_strided_views_are_taken(view):
     """q, k, v as a model passes them: split from one fused projection (rows strided), or the
     other dim order transposed: the kernels read them in place. "unaligned": split from rows of
-    8 more elements than the heads hold, 4 in: strides and start off 16 bytes, copied first.
+    8 more elements than the heads hold, from the 5th: a start off 16 bytes, copied first.
     The output equals the one of dense copies, and the gradients reach the viewed tensors."""
     batch, heads, kv_heads, seq_len, head_dim = SHAPES[0].values
     causal, window = MASKS[-1].values

@@ -181,9 +181,9 @@ def check_inputs(q, k, v, sinks, causal, window, layout, softmax_scale=None):
             raise ValueError(
                 f"attention_sink: {name} must be on a CUDA device, or the CPU (the reference) (got {t.device})"
             )
-        if not (read_in_place(t) if name in ("q", "k", "v") else t.is_contiguous()):
+        if not (strides_readable(t) if name in ("q", "k", "v") else t.is_contiguous()):
             what = (
-                "a contiguous last dim and 16-byte aligned strides and start"
+                "a contiguous last dim and 16-byte aligned strides"
                 if name in ("q", "k", "v")
                 else "to be contiguous"
             )
@@ -329,6 +329,7 @@ def run_forward(q, k, v, sinks, causal, window, layout, softmax_scale):
     if kernel_key(*calls["fwd"]) not in KERNELS:
         prebuild(calls.values())  # a new variant: its backward's kernels too, in parallel
     fwd = launcher(calls["fwd"])
+    q, k, v = aligned_start(q), aligned_start(k), aligned_start(v)
     # Dense, whatever q's strides (empty_like would copy a transposed q's).
     o = q.new_empty(q.shape)
     # Rows past seq_len are padding the kernels write and the backward's masked tiles read.
@@ -381,6 +382,7 @@ def run_backward(
     )
     # Autograd may hand a non-contiguous or differently typed gradient.
     do = do.contiguous().to(q.dtype)
+    q, k, v = aligned_start(q), aligned_start(k), aligned_start(v)
 
     delta = lse.new_empty(lse.shape)
     launcher(calls["preprocess"])(o, do, delta)
@@ -540,13 +542,12 @@ def eager(t):
 TMA_ALIGNMENT = 16
 
 
-def read_in_place(t):
-    """Whether the kernels read q, k or v as it is, views included (q, k, v split from a fused
-    projection, a transpose): its last dim contiguous, every other stride of a dim longer than 1
-    nonzero, and those strides and its storage offset multiples of 16 bytes (the allocator's
-    storages start on a 512-byte boundary)."""
+def strides_readable(t):
+    """Whether TMA can read q, k or v with its strides: the last dim contiguous, every other
+    stride of a dim longer than 1 nonzero and a multiple of 16 bytes. Views of a fused projection
+    and transposes are."""
     step = TMA_ALIGNMENT // t.element_size()
-    if t.stride(-1) != 1 or t.storage_offset() % step:
+    if t.stride(-1) != 1:
         return False
     return all(
         size == 1 or (stride > 0 and stride % step == 0)
@@ -554,12 +555,32 @@ def read_in_place(t):
     )
 
 
+def start_aligned(t):
+    """Whether t starts on a 16-byte boundary: its storage offset, as the allocator's storages
+    start on a 512-byte one. torch.compile does not trace storage_offset(), so under it the ops
+    check this on the real tensors (aligned_start)."""
+    return t.storage_offset() % (TMA_ALIGNMENT // t.element_size()) == 0
+
+
+def read_in_place(t):
+    """Whether the kernels read q, k or v as it is, views included."""
+    return strides_readable(t) and start_aligned(t)
+
+
 def dense(t):
-    """q, k or v as the kernels take it: itself where they read it in place (read_in_place), else
-    one dense copy (differentiable)."""
-    if not isinstance(t, torch.Tensor) or read_in_place(t):
+    """q, k or v as the kernels take it: itself where they read it in place, else one dense copy
+    (differentiable)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    if strides_readable(t) and (torch.compiler.is_compiling() or start_aligned(t)):
         return t
     return t.clone(memory_format=torch.contiguous_format)
+
+
+def aligned_start(t):
+    """t, or a copy of it where it starts off 16 bytes: the public function copies such views
+    (differentiably) before the ops, except under torch.compile, which cannot read the offset."""
+    return t if start_aligned(t) else t.clone(memory_format=torch.contiguous_format)
 
 
 def apply_op(q, k, v, sinks, causal, window, layout, softmax_scale=None):
