@@ -13,7 +13,7 @@ CUDA tensors (CPU tensors run the PyTorch reference: the example below).
     (torch.Size([1, 12, 2, 8]), torch.float16)
 
 O_t = scale * sum_{s <= t} (q_t . k_s) v_s with scale = dim_k ** -0.5. q, k: [B, S, H, Dk], v: [B, S, H, Dv]
-(bshd), torch.float16 or torch.bfloat16, one device, contiguous; Dk, Dv <= 256. O: [B, S, H, Dv],
+(bshd), torch.float16 or torch.bfloat16, one device (strided ones, such as a split of a fused projection, are copied once); Dk, Dv <= 256. O: [B, S, H, Dv],
 q's dtype. fp32 accumulation; the backward is one kernel with fp32 atomic dQ, dK, dV."""
 
 import tilelang

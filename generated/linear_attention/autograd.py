@@ -51,6 +51,16 @@ def dense(t):
     return t.clone(memory_format=torch.contiguous_format)
 
 
+def contiguous(*tensors):
+    """The public function's inputs as the kernels index them (dense): a strided one (a slice, a
+    transpose, a split of a fused projection) copied once, differentiably, into a new (aligned)
+    tensor; a contiguous one, or None, as it is. Traced by torch.compile (no data pointer read)."""
+    return tuple(
+        t if t is None or t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
+        for t in tensors
+    )
+
+
 # Compiled kernels by factory and arguments. Each entry is the kernel's compiled entry point: it
 # checks every argument's shape, dtype and device, binds the symbolic dims and launches on the
 # current stream. Calling it directly saves the ~20 us of host time that TileLang's Python
@@ -110,8 +120,8 @@ def scale_for(dim_k):
 def check_inputs(q, k, v):
     """Raise a clear error for anything the kernels cannot take, before any launch.
 
-    q, k: [B, S, H, Dk], v: [B, S, H, Dv]; one dtype, one device, contiguous. The forward op
-    checks 16-byte alignment (check_aligned).
+    q, k: [B, S, H, Dk], v: [B, S, H, Dv]; one dtype, one device (strided ones are copied by the
+    public function). The forward op checks 16-byte alignment (check_aligned).
     """
     tensors = [("q", q), ("k", k), ("v", v)]
     for name, t in tensors:
@@ -154,12 +164,6 @@ def check_inputs(q, k, v):
         raise ValueError(
             f"linear_attention: head dims must be 1 to {MAX_HEAD_DIM} (got Dk = {q.shape[3]}, Dv = {v.shape[3]})"
         )
-    for name, t in tensors:
-        if not t.is_contiguous():
-            raise ValueError(
-                f"linear_attention: {name} must be contiguous (got shape {tuple(t.shape)}, strides "
-                f"{t.stride()}); call .contiguous() first"
-            )
 
 
 def variant(q, v):
@@ -301,14 +305,16 @@ def apply_op(q, k, v):
 def linear_attention(q, k, v):
     """Causal linear attention O_t = scale * sum_{s <= t} (q_t . k_s) v_s, scale dim_k ** -0.5; differentiable in q, k, v.
 
-    q, k: [B, S, H, Dk], v: [B, S, H, Dv], torch.float16 or torch.bfloat16, one device,
-    contiguous; 1 <= Dk, Dv <= 256. Returns O [B, S, H, Dv] in q's dtype. B, S or H
+    q, k: [B, S, H, Dk], v: [B, S, H, Dv], torch.float16 or torch.bfloat16, one device;
+    strided ones (q, k, v split from a fused projection, a transpose) are copied once into dense
+    tensors first; 1 <= Dk, Dv <= 256. Returns O [B, S, H, Dv] in q's dtype. B, S or H
     0 is empty work: an empty O and gradients, no kernel launch.
     CUDA tensors run the kernels. CPU tensors run reference.py (plain torch, float32 math,
     differentiable by autograd) after the same input checks: for CPU tests and exports, not
     speed. Tensors on more than one device raise ValueError before any launch.
     """
     check_inputs(q, k, v)
+    q, k, v = contiguous(q, k, v)
     if q.device.type == "cpu":
         # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or
         # torch.compile of a CPU model trace ops that run on the CPU. Only CUDA tensors reach the

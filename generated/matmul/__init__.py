@@ -13,7 +13,7 @@ tensors (CPU tensors run the PyTorch reference: the example below).
     (torch.Size([3, 7, 8]), torch.float16)
 
 a: [M, K] or [..., M, K], torch.float16 or torch.bfloat16; b: [K, N], bias: [N], a's dtype;
-contiguous, on one device. C: [..., M, N], a's dtype. fp32 accumulation; backward dA = dC b^T,
+on one device (strided ones are copied once). C: [..., M, N], a's dtype. fp32 accumulation; backward dA = dC b^T,
 dB = a^T dC, dbias = dC summed over rows."""
 
 import tilelang

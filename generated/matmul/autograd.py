@@ -55,6 +55,16 @@ def dense(t):
     return t.clone(memory_format=torch.contiguous_format)
 
 
+def contiguous(*tensors):
+    """The public function's inputs as the kernels index them (dense): a strided one (a slice, a
+    transpose, a split of a fused projection) copied once, differentiably, into a new (aligned)
+    tensor; a contiguous one, or None, as it is. Traced by torch.compile (no data pointer read)."""
+    return tuple(
+        t if t is None or t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
+        for t in tensors
+    )
+
+
 # Compiled kernels by factory and arguments. Each entry is the kernel's compiled entry point: it
 # checks every argument's shape, dtype and device, binds the symbolic dims and launches on the
 # current stream. Calling it directly saves the ~20 us of host time that TileLang's Python
@@ -110,7 +120,7 @@ def check_inputs(a, b, bias):
     """Raise a clear error for anything the kernels cannot take, before any launch.
 
     a: [..., K] (leading dims are flattened into M), b: [K, N], bias: [N] or None; one dtype,
-    one CUDA device, contiguous. The forward op checks the 16-byte alignment (check_aligned):
+    one CUDA device (strided ones are copied by the public function). The forward op checks the 16-byte alignment (check_aligned):
     torch.compile traces this function, and a data pointer exists only on real tensors.
     """
     if bias is not None and not BIAS:
@@ -148,12 +158,6 @@ def check_inputs(a, b, bias):
             f"matmul: bias must be 1-D [N] = ({b.shape[1]},) for b of shape {tuple(b.shape)} "
             f"(got shape {tuple(bias.shape)})"
         )
-    for name, t in tensors:
-        if not t.is_contiguous():
-            raise ValueError(
-                f"matmul: {name} must be contiguous (got shape {tuple(t.shape)}, strides "
-                f"{t.stride()}); call .contiguous() first"
-            )
 
 
 def run_forward(a, b, bias):
@@ -343,7 +347,8 @@ def matmul(a, b, bias):
     a: [M, K] or [..., M, K] (leading dims flattened into M), torch.float16 or torch.bfloat16.
     b: [K, N], a's dtype.
     bias: [N], a's dtype.
-    Every tensor on one device, contiguous. Returns C of shape [..., M, N], a's dtype.
+    Every tensor on one device; a strided one (a transposed b, a slice of a) is copied once into
+    a dense tensor first. Returns C of shape [..., M, N], a's dtype.
     M, N or K may be 0: C and every gradient are then what torch gives (a sum over an empty dim
     is zeros: C = bias for K = 0), and empty work launches no kernel.
     CUDA tensors run the kernels. CPU tensors run reference.py (plain torch, float32 math,
@@ -351,6 +356,7 @@ def matmul(a, b, bias):
     speed. Tensors on more than one device raise ValueError before any launch.
     """
     check_inputs(a, b, bias)
+    a, b, bias = contiguous(a, b, bias)
     if a.device.type == "cpu":
         # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or
         # torch.compile of a CPU model trace ops that run on the CPU. Only CUDA tensors reach the

@@ -11,7 +11,7 @@
     >>> y.shape, y.dtype
     (torch.Size([3, 5, 8]), torch.float16)
 
-x: [..., C], torch.float16 or torch.bfloat16, contiguous, C <= 16384.
+x: [..., C], torch.float16 or torch.bfloat16 (strided: copied once), C <= 16384.
 w: one learnable weight per channel, shape (C,); dtype x.dtype.
 rstd = 1 / sqrt(mean(x^2 over the last dim) + 1e-06). y: x's shape and dtype."""
 

@@ -60,11 +60,6 @@ def check_inputs(x, w):
         )
     if x.dim() == 0:
         raise ValueError("rmsnorm: x needs a last (channel) dim to normalise over; got 0-d x")
-    if not x.is_contiguous():
-        raise ValueError(
-            f"rmsnorm: x must be contiguous (got shape {tuple(x.shape)}, "
-            f"strides {x.stride()}); call .contiguous() first"
-        )
     if x.shape[-1] > MAX_CHANNELS:
         raise ValueError(
             f"rmsnorm: x.shape[-1] (C) is {x.shape[-1]}, over max_channels {MAX_CHANNELS}: "
@@ -83,8 +78,6 @@ def check_inputs(x, w):
             f"rmsnorm: w must have dtype {weight_dtype(x)} for x of dtype {x.dtype} "
             f"(got {w.dtype})"
         )
-    if not w.is_contiguous():
-        raise ValueError(f"rmsnorm: w must be contiguous (got strides {w.stride()})")
 
 
 def run_forward(x, w, save_rstd):
@@ -140,6 +133,16 @@ def dense(t):
     if t.is_contiguous() and not misaligned(t):
         return t
     return t.clone(memory_format=torch.contiguous_format)
+
+
+def contiguous(*tensors):
+    """The public function's inputs as the kernels index them (dense): a strided one (a slice, a
+    transpose, a split of a fused projection) copied once, differentiably, into a new (aligned)
+    tensor; a contiguous one, or None, as it is. Traced by torch.compile (no data pointer read)."""
+    return tuple(
+        t if t is None or t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
+        for t in tensors
+    )
 
 
 # Compiled kernels by factory and arguments. Each entry is the kernel's compiled entry point: it
@@ -346,7 +349,8 @@ def rmsnorm(x, w):
     """RMSNorm over the last dim: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + 1e-06),
     differentiable in x and w.
 
-    x: a tensor [..., C], torch.float16 or torch.bfloat16, contiguous, C <= 16384.
+    x: a tensor [..., C], torch.float16 or torch.bfloat16, C <= 16384;
+    a strided x (a slice, a transpose) is copied once into a dense tensor first.
     w: one learnable weight per channel, shape (C,); dtype x.dtype.
     CUDA tensors run the kernels. CPU tensors run reference.py (plain torch, float32 math,
     differentiable by autograd) after the same input checks: for CPU tests and exports, not
@@ -354,6 +358,7 @@ def rmsnorm(x, w):
     An empty x (a dim 0) gives an empty y, an empty dx and a zero dw, with no kernel launch.
     """
     check_inputs(x, w)
+    x, w = contiguous(x, w)
     if x.device.type == "cpu":
         # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or
         # torch.compile of a CPU model trace ops that run on the CPU. Only CUDA tensors reach the

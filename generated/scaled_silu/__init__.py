@@ -11,7 +11,7 @@
     >>> y.shape, y.dtype
     (torch.Size([3, 5, 8]), torch.float16)
 
-x: a tensor of any shape, torch.float16 or torch.bfloat16, contiguous.
+x: a tensor of any shape, torch.float16 or torch.bfloat16 (strided: copied once).
 w: a learnable scalar: shape () or (1,); dtype torch.float32. y: x's shape and dtype."""
 
 import tilelang

@@ -57,11 +57,6 @@ def check_inputs(x, w):
         raise TypeError(
             f"scaled_silu: x has dtype {x.dtype}; supported: {', '.join(map(str, X_DTYPES))}"
         )
-    if not x.is_contiguous():
-        raise ValueError(
-            f"scaled_silu: x must be contiguous (got shape {tuple(x.shape)}, "
-            f"strides {x.stride()}); call .contiguous() first"
-        )
     if w.device != x.device:
         raise ValueError(
             f"scaled_silu: x and w must be on one device (got {x.device} and {w.device})"
@@ -80,8 +75,6 @@ def check_inputs(x, w):
             f"scaled_silu: w must have dtype {weight_dtype(x)} for x of dtype {x.dtype} "
             f"(got {w.dtype})"
         )
-    if not w.is_contiguous():
-        raise ValueError(f"scaled_silu: w must be contiguous (got strides {w.stride()})")
 
 
 def run_forward(x, w, save_sigmoid):
@@ -142,6 +135,16 @@ def dense(t):
     if t.is_contiguous() and not misaligned(t):
         return t
     return t.clone(memory_format=torch.contiguous_format)
+
+
+def contiguous(*tensors):
+    """The public function's inputs as the kernels index them (dense): a strided one (a slice, a
+    transpose, a split of a fused projection) copied once, differentiably, into a new (aligned)
+    tensor; a contiguous one, or None, as it is. Traced by torch.compile (no data pointer read)."""
+    return tuple(
+        t if t is None or t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
+        for t in tensors
+    )
 
 
 # Compiled kernels by factory and arguments. Each entry is the kernel's compiled entry point: it
@@ -353,7 +356,8 @@ def apply_op(x, w, save_sigmoid, dw_reduction):
 def scaled_silu(x, w):
     """y = w * silu(x) = w * x * sigmoid(x), differentiable in x and w.
 
-    x: a tensor of any shape, torch.float16 or torch.bfloat16, contiguous.
+    x: a tensor of any shape, torch.float16 or torch.bfloat16;
+    a strided x (a slice, a transpose) is copied once into a dense tensor first.
     w: a learnable scalar: shape () or (1,); dtype torch.float32.
     CUDA tensors run the kernels. CPU tensors run reference.py (plain torch, float32 math,
     differentiable by autograd) after the same input checks: for CPU tests and exports, not
@@ -361,6 +365,7 @@ def scaled_silu(x, w):
     An empty x (a dim 0) gives an empty y, an empty dx and a zero dw, with no kernel launch.
     """
     check_inputs(x, w)
+    x, w = contiguous(x, w)
     if x.device.type == "cpu":
         # Plain torch ops, differentiated by autograd: CPU unit tests run, and torch.export or
         # torch.compile of a CPU model trace ops that run on the CPU. Only CUDA tensors reach the
