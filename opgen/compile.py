@@ -164,6 +164,12 @@ def _kill_workers(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         process.join(timeout=5)
+    # The pool's manager thread sees the dead workers and closes its pipes. Wait for it here:
+    # left running, the interpreter's exit joins it, and CPython 3.11's exit hook can write to a
+    # pipe the thread is closing (an OSError traceback) or wait on it for good.
+    manager = getattr(pool, "_executor_manager_thread", None)
+    if manager is not None:
+        manager.join(timeout=5)
 
 
 SCRATCH_PREFIX = "opgen-compile-"

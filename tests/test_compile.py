@@ -73,6 +73,13 @@ def test_build_compiles_every_kernel(tmp_path, run_opgen):
     assert run_opgen("check", "--require-compiled", cwd=tmp_path).returncode == 0
 
 
+def _default_sigint() -> None:
+    """In the build's child before exec: SIGINT as a terminal delivers it. An ignored SIGINT is
+    inherited, and Python then leaves it ignored (POSIX's rule for background jobs); a pytest-xdist
+    worker was seen running with one, which made the build deaf to the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_build(tmp_path: Path):
     """`opgen build` of an attention spec with many kernels, as a user starts it; returns once
     its compile workers run, with the build process and those workers."""
@@ -83,7 +90,7 @@ def _start_build(tmp_path: Path):
                                                              'dtypes = ["float16", "bfloat16"]'))
     build = subprocess.Popen([*opgen_command(), "build", "-j", "2", "specs/small.toml"],
                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                             text=True, preexec_fn=_default_sigint)
     def is_worker(child):
         try:
             return "spawn_main" in " ".join(child.cmdline())
@@ -120,7 +127,12 @@ def test_interrupt_during_the_compile_check_stops_at_once(tmp_path, signum):
     build, workers = _start_build(tmp_path)
     started = time.monotonic()
     build.send_signal(signum)
-    _, stderr = build.communicate(timeout=30)
+    try:
+        _, stderr = build.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        build.kill()  # else it runs on, into the next test's scratch directories
+        build.communicate()
+        raise
     assert time.monotonic() - started < 5, "the build took too long to stop"
     assert build.returncode == 130, stderr
     assert "interrupted during the compile check; nothing was written" in stderr
