@@ -131,7 +131,7 @@ def as_matrix(t):
     try:
         matrix = t.view(rows, cols)
     except RuntimeError:  # leading dims that no single row stride describes
-        return _dense_copy(t.reshape(rows, cols))
+        return t.reshape(rows, cols)  # not a view, so reshape copies: a fresh, aligned tensor
     if (
         (cols > 1 and matrix.stride(1) != 1)
         or (rows > 1 and matrix.stride(0) < cols)
