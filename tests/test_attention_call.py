@@ -70,25 +70,6 @@ def trap(monkeypatch):
 
 
 @pytest.fixture
-def forward_calls(monkeypatch):
-    """The arguments each call of a package's forward custom op gets (the op still runs)."""
-
-    def record(package):
-        autograd = import_generated(package, "autograd")
-        calls = []
-        op = autograd.forward_op
-
-        def recorder(*args):
-            calls.append(args)
-            return op(*args)
-
-        monkeypatch.setattr(autograd, "forward_op", recorder)
-        return calls
-
-    return record
-
-
-@pytest.fixture
 def cuda_autocast():
     """CUDA autocast switched on (torch.autocast("cuda") refuses without a CUDA device), for
     forward calls on fake CUDA tensors; off again afterwards."""

@@ -53,19 +53,6 @@ def public(package):
     return getattr(import_generated(package, "autograd"), package)
 
 
-@pytest.fixture
-def forward_calls(monkeypatch):
-    """The arguments each call of a package's forward custom op gets (the op still runs)."""
-
-    def record(package):
-        autograd = import_generated(package, "autograd")
-        calls, op = [], autograd.forward_op
-        monkeypatch.setattr(autograd, "forward_op", lambda *args: calls.append(args) or op(*args))
-        return calls
-
-    return record
-
-
 @pytest.mark.parametrize("package", PACKAGES)
 def test_strided_inputs_reach_the_op_dense(package, forward_calls):
     calls = forward_calls(package)
