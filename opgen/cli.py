@@ -657,7 +657,8 @@ def tune(
 
         with scratch_dir() as scratch:
             autograd = tuning.import_package(gen.files, spec.name, Path(scratch))
-            times = tuning.time_candidates(spec, plan, autograd, compiled, report)
+            times = tuning.time_candidates(spec, plan, autograd, compiled, report,
+                                            workers=jobs or os.cpu_count() or 1)
         winners = tuning.pick_winners(compiled, times)
         if not winners:
             raise CheckFailed("no candidate gave the reference's result; nothing written")

@@ -246,12 +246,52 @@ def _max_error(got, want) -> float:
     return (got.float() - want.float()).abs().max().item()
 
 
+# The kernels each phase's timing launches (the other phases' are built once, with the base tiling).
+PHASE_KERNELS = {"fwd": ("fwd",), "bwd": ("preprocess", "bwd", "postprocess")}
+
+
+def _use_tiling(autograd: Any, names: dict[str, str], saved: dict[str, Any],
+                candidate: Candidate) -> None:
+    """The package's tiling globals as saved, but candidate's phase launching its tiling."""
+    for name, value in saved.items():
+        setattr(autograd, name, value)
+    setattr(autograd, names[candidate.phase], candidate.tiling_dict)
+    if hasattr(autograd, names[candidate.phase] + "S"):
+        setattr(autograd, names[candidate.phase] + "S", {})  # no tuned entry overrides it
+
+
+def prebuild_candidates(spec: Any, autograd: Any, found: list[Candidate],
+                        names: dict[str, str], saved: dict[str, Any], workers: int) -> None:
+    """Build the kernels every candidate launches at its tune shape before any is timed, `workers`
+    at a time through the package's own parallel prebuild (one by one on first launch would
+    compile ~150 kernels serially)."""
+    layout, dtype_name = spec.attention.layouts[0], spec.bench.dtype
+    calls = []
+    for candidate in found:
+        shape = tune_shape(spec, candidate.head_dim)
+        heads, kv_heads = shape["heads"], shape["kv_heads"]
+        _use_tiling(autograd, names, saved, candidate)
+        variant = autograd.variant_calls(heads, kv_heads, candidate.head_dim, candidate.causal, 0,
+                                         layout, dtype_name,
+                                         default_softmax_scale(candidate.head_dim),
+                                         *autograd.reductions(heads, kv_heads))
+        calls += [variant[kernel] for kernel in PHASE_KERNELS[candidate.phase]]
+    for name, value in saved.items():
+        setattr(autograd, name, value)
+    for start in range(0, len(calls), workers):
+        try:
+            autograd.prebuild(calls[start:start + workers])
+        except Exception:  # a kernel that fails to build fails its candidate's timing
+            pass
+
+
 def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
-                    report: Callable[[Candidate, float | None, str], None]
-                    ) -> dict[Candidate, float | None]:
+                    report: Callable[[Candidate, float | None, str], None],
+                    workers: int = 16) -> dict[Candidate, float | None]:
     """ms per call of each candidate through the package's run_forward / run_backward at its tune
     shape, after its output (fwd) or gradients (bwd) matched the reference within the spec's
-    tolerance; None for a candidate that failed or was wrong (report says why)."""
+    tolerance; None for a candidate that failed or was wrong (report says why). Every
+    candidate's kernels are built first, `workers` at a time."""
     import torch
 
     dtype_name = spec.bench.dtype
@@ -264,6 +304,7 @@ def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
     names = {phase: plan.kernels[phase].tiling_name for phase in TUNED_PHASES}
     saved = {n: getattr(autograd, n) for p in names.values() for n in (p, p + "S")
              if hasattr(autograd, n)}
+    prebuild_candidates(spec, autograd, found, names, saved, workers)
     times: dict[Candidate, float | None] = {}
     by_variant: dict[tuple[int, bool], list[Candidate]] = {}
     for c in found:
@@ -292,12 +333,7 @@ def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
             del leaves
             o, lse = autograd.run_forward(*inputs, causal, None, layout, scale)
             for candidate in mine:
-                for name, value in saved.items():
-                    setattr(autograd, name, value)
-                tiling = candidate.tiling_dict
-                setattr(autograd, names[candidate.phase], tiling)
-                if hasattr(autograd, names[candidate.phase] + "S"):
-                    setattr(autograd, names[candidate.phase] + "S", {})
+                _use_tiling(autograd, names, saved, candidate)
                 try:
                     if candidate.phase == "fwd":
                         def call():

@@ -204,3 +204,36 @@ def test_tune_dry_run_lists_compiled_candidates(tmp_path, run_opgen):
     assert result.stdout.count("ok") == 4
     assert "timing them needs a GPU (--dry-run): nothing written" in result.stdout
     assert spec.read_text() == SPEC_TEXT
+
+
+def test_candidates_are_built_before_timing_in_parallel_chunks():
+    """Every candidate's kernels go to the package's parallel prebuild, `workers` calls at a
+    time, each call with the candidate's tiling (the tuned table emptied), and the package's
+    tiling globals are as before afterwards."""
+    spec = shipped()
+    found = tune.candidates(spec, ("fwd", "bwd"))
+    base = {"FWD_TILING": {"block_m": 1}, "BWD_TILING": {"block_m": 2}, "FWD_TILINGS": {"x": 1}}
+    chunks = []
+
+    def variant_calls(heads, kv_heads, dim, causal, window, layout, dtype, scale, dk, dv):
+        return {kernel: (kernel, (heads, kv_heads, dim, causal, window, layout, dtype, scale, dk, dv),
+                         dict(package.BWD_TILING if kernel == "bwd" else package.FWD_TILING),
+                         dict(package.FWD_TILINGS))
+                for kernel in ("fwd", "preprocess", "bwd", "postprocess")}
+
+    package = type(sys)("fake_autograd")
+    package.__dict__.update(base, variant_calls=variant_calls, prebuild=chunks.append,
+                            reductions=lambda heads, kv_heads: ("direct", "direct"))
+    names = {"fwd": "FWD_TILING", "bwd": "BWD_TILING"}
+    saved = {n: getattr(package, n) for n in base}
+    tune.prebuild_candidates(spec, package, found, names, saved, workers=16)
+    calls = [call for chunk in chunks for call in chunk]
+    assert all(len(chunk) <= 16 for chunk in chunks) and len(chunks) > 1
+    fwd = [c for c in found if c.phase == "fwd"]
+    assert len(calls) == len(fwd) + 3 * (len(found) - len(fwd))
+    built = {(call[1][2], call[1][3], call[0], tuple(call[2].values())) for call in calls}
+    for c in found:
+        kernel = "fwd" if c.phase == "fwd" else "bwd"
+        assert (c.head_dim, c.causal, kernel, tuple(c.tiling_dict.values())) in built, c.label
+    assert all(call[3] == {} for call in calls if call[0] == "fwd")  # the table did not override
+    assert {n: getattr(package, n) for n in base} == base

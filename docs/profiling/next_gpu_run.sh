@@ -1,24 +1,37 @@
 #!/bin/bash
-# The GPU run that session 7 left (its device time ran out after runs 26-30): every generated
-# test on the final tree, which includes the copy-once tests of rmsnorm, scaled_silu, matmul and
-# linear_attention (test_strided_inputs_are_copied_once) that have not run yet. Run from the
-# repository root on the H200 with the bundle:
-#   source .gpu/env.sh && bash docs/profiling/next_gpu_run.sh      (one log under $OUT, ~6 min)
-# Then record it in docs/gpu-runs.md. Next, in calls of their own (issue 11):
-#   opgen tune specs/attention.toml --phases fwd -j 16;  opgen tune specs/attention.toml --phases bwd -j 16
+# The GPU work session 8 left, one call each (the device allows 600 s per call):
+#   1. opgen tune with its candidates now built in parallel first (run 32 ran out of time building
+#      them one by one). One spec per call; each writes [[tiling.tuned]] into the spec:
+#        source .gpu/env.sh && bash docs/profiling/next_gpu_run.sh tune attention
+#        ... tune gqa, tune attention_sink
+#      The GPU machine lacks typer and rich: copy them (and click, shellingham, markdown_it, mdurl,
+#      pygments, annotated_doc) into .prof/site and carry .prof; this script puts it on PYTHONPATH
+#      and links opgen/templates to templates/ (what `pip install -e .` maps).
+#   2. After `opgen build` of the tuned specs here: the tests of the rebuilt packages and their
+#      benches:  bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
-# (NCCL_NVLS_ENABLE=0 is set by the test itself).
 cd "$(dirname "$0")/../.."
+export PYTHONPATH="$PYTHONPATH:$(pwd)/.prof/site"
+python -c "import opgen.templates" 2>/dev/null || ln -s ../templates opgen/templates
 L=${OUT:-.}/next_gpu_run.log
-W=/tmp/next-gpu; mkdir -p $W
 start=$(date +%s)
-sec() { echo; echo "=== [$(( $(date +%s) - start )) s] $*" >> $L; }
-# Every generated test, golden packages included.
-cp -r tests/golden/attention_recompute tests/golden/swiglu_fused tests/golden/attention_tuned generated/
-sec "tests"
-timeout 330 python -m pytest generated -n 15 -q -p no:cacheprovider -p no:benchmark -rf > $W/tests.log 2>&1
-echo "pytest rc=$?" >> $L
-grep -E "passed|failed|FAILED|ERROR" $W/tests.log | tail -40 >> $L
-rm -rf generated/attention_recompute generated/swiglu_fused generated/attention_tuned
-sec "end"
-gzip -c $W/tests.log > ${OUT:-.}/next_gpu_run-pytest.log.gz
+what=$1; shift
+if [ "$what" = tune ]; then
+  for s in "$@"; do
+    echo "=== [$(( $(date +%s) - start )) s] opgen tune specs/$s.toml -j 16" >> $L
+    timeout 540 python -c "from opgen.cli import app; app()" tune specs/$s.toml -j 16 > /tmp/tune-$s.log 2>&1
+    echo "rc=$?" >> $L
+    grep -E "fastest|wrong|failed|candidate|wrote|Error| ms$" /tmp/tune-$s.log >> $L
+    cp specs/$s.toml ${OUT:-.}/$s.toml
+  done
+else
+  pkgs=$(for p in "$@"; do echo generated/$p; done)
+  timeout 400 python -m pytest $pkgs -n 15 -q -p no:cacheprovider -p no:benchmark -rf > /tmp/tests.log 2>&1
+  echo "pytest rc=$? at $(( $(date +%s) - start )) s" >> $L
+  grep -E "passed|failed|FAILED|ERROR" /tmp/tests.log | tail -40 >> $L
+  gzip -c /tmp/tests.log > ${OUT:-.}/next_gpu_run-pytest.log.gz
+  for p in "$@"; do
+    timeout 90 python -m generated.$p.bench_$p --json ${OUT:-.}/bench-$p.json >> $L 2>&1
+  done
+fi
+echo "end at $(( $(date +%s) - start )) s" >> $L

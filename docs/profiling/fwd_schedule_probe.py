@@ -1,0 +1,119 @@
+"""Forward schedules (fwd_schedules.py) vs the package forward (run 31: its tiling was 128x64, one stage) vs SDPA (cuDNN, flash): correctness at odd lengths
+against the committed kernel, then kernel time at the bench shapes (GPU run 31: `python docs/profiling/fwd_schedule_probe.py`)."""
+import os, sys, time, threading
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.join(os.getcwd(), "docs", "profiling"))
+import torch
+import torch.nn.functional as Fn
+from torch.nn.attention import sdpa_kernel, SDPBackend
+from concurrent.futures import ThreadPoolExecutor
+import fwd_schedules as V
+from generated.attention import autograd as A
+from generated.attention import bench_attention as B
+
+T0 = time.perf_counter()
+CASES = [(4, 16, 16, 4096, 128, False, "float16"), (4, 16, 16, 4096, 128, True, "float16"),
+         (8, 16, 16, 2048, 64, False, "float16"), (8, 16, 16, 2048, 64, True, "float16"),
+         (2, 32, 8, 4096, 128, True, "bfloat16"), (2, 32, 8, 4096, 128, False, "bfloat16")]
+ODD = [(2, 16, 16, 333, 128, True, "float16"), (2, 16, 16, 333, 128, False, "float16"),
+       (1, 16, 16, 1000, 64, True, "float16"), (3, 16, 16, 77, 64, False, "float16"),
+       (1, 16, 16, 4097, 128, True, "float16"), (1, 32, 8, 1000, 128, True, "bfloat16"),
+       (1, 16, 16, 128, 64, True, "float16"), (1, 16, 16, 1, 128, False, "float16")]
+CONFIGS = {
+    "fa3 128x128 s2": (V.fwd_fa3, (128, 128, 256, 2)),
+    "fa3 128x64 s2": (V.fwd_fa3, (128, 64, 256, 2)),
+    "fa3 128x128 s1": (V.fwd_fa3, (128, 128, 256, 1)),
+    "plain 128x128 s2": (V.fwd_variant, (128, 128, 256, 2, "plain")),
+}
+if os.environ.get("CONFIGS"):
+    CONFIGS = {k: v for k, v in CONFIGS.items() if k in os.environ["CONFIGS"].split(",")}
+variants = sorted({(h, kv, d, c, dt) for _, h, kv, _, d, c, dt in CASES + ODD})
+
+
+def committed_calls(h, kv, d, c, dt):
+    return A.variant_calls(h, kv, d, c, 0, "bshd", dt, d ** -0.5, *A.reductions(h, kv))
+
+
+jobs = {}
+for name, (factory, tiling) in CONFIGS.items():
+    for h, kv, d, c, dt in variants:
+        jobs[(name, h, kv, d, c, dt)] = (factory, (h, kv, d, c, 0, "bshd", dt, d ** -0.5, *tiling))
+committed = threading.Thread(target=lambda: A.prebuild([committed_calls(*v)["fwd"] for v in variants]))
+committed.start()
+
+
+def build(job):
+    factory, args = job
+    try:
+        return A.entry_point(A.build(factory, factory.get_tir(*args)))
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[-1][:200]}"
+
+
+with ThreadPoolExecutor(16) as pool:
+    built = dict(zip(jobs, pool.map(build, jobs.values())))
+committed.join()
+print(f"built {len(built)} variant kernels + committed in {time.perf_counter() - T0:.0f} s", flush=True)
+for key, k in built.items():
+    if isinstance(k, str):
+        print("BUILD FAILED", key, k)
+
+
+def inputs(b, h, kv, s, d, dt, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = getattr(torch, dt)
+    return [torch.randn(b, s, n, d, device="cuda", dtype=dtype, generator=g) for n in (h, kv, kv)]
+
+
+def pad8(s):
+    return (s + 7) // 8 * 8
+
+
+def launch(entry, q, k, v):
+    b, s, h, d = q.shape
+    o = torch.empty_like(q)
+    lse = torch.empty(b, h, pad8(s), device="cuda")
+    entry(q, k, v, o, lse)
+    return o, lse
+
+
+print("# correctness vs the committed forward (max abs diff of O; of lse over real rows)")
+bad = 0
+for b, h, kv, s, d, c, dt in ODD:
+    q, k, v = inputs(b, h, kv, s, d, dt, 1)
+    ref_o, ref_lse = launch(A.launcher(committed_calls(h, kv, d, c, dt)["fwd"]), q, k, v)
+    for name in CONFIGS:
+        entry = built[(name, h, kv, d, c, dt)]
+        if isinstance(entry, str):
+            continue
+        o, lse = launch(entry, q, k, v)
+        torch.cuda.synchronize()
+        do = (o.float() - ref_o.float()).abs().max().item()
+        dl = (lse[..., :s] - ref_lse[..., :s]).abs().max().item()
+        ok = do < 2e-2 and dl < 1e-3 and torch.isfinite(o).all().item()
+        bad += not ok
+        print(f"{'ok ' if ok else 'BAD'} {name:18s} B{b} H{h}/{kv} S{s} D{d} causal={c} {dt}: O {do:.2e} lse {dl:.2e}", flush=True)
+print("all correct" if not bad else f"{bad} WRONG")
+
+print("| case | committed | " + " | ".join(CONFIGS) + " | cuDNN | flash |")
+print("|---" * (4 + len(CONFIGS)) + "|")
+for b, h, kv, s, d, c, dt in CASES:
+    q, k, v = inputs(b, h, kv, s, d, dt)
+    flops = 4 * b * h * d * (s * (s + 1) / 2 if c else s * s)
+    row = []
+    entries = [A.launcher(committed_calls(h, kv, d, c, dt)["fwd"])] + [built[(n, h, kv, d, c, dt)] for n in CONFIGS]
+    for entry in entries:
+        if isinstance(entry, str):
+            row.append("failed"); continue
+        o = torch.empty_like(q); lse = torch.empty(b, h, pad8(s), device="cuda")
+        ms = B.stream_ms(lambda: entry(q, k, v, o, lse))
+        row.append(f"{flops / ms / 1e9:.0f}")
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
+        try:
+            with sdpa_kernel(backend):
+                ms = B.stream_ms(lambda: Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=c, enable_gqa=h != kv))
+            row.append(f"{flops / ms / 1e9:.0f}")
+        except Exception as exc:
+            row.append("n/a")
+    print(f"| B{b} H{h}/{kv} S{s} D{d} {'causal' if c else 'full'} {dt} | " + " | ".join(row) + " |", flush=True)
+print(f"done in {time.perf_counter() - T0:.0f} s")
