@@ -21,6 +21,9 @@ SM90_SMEM_LIMIT = 227 * 1024
 
 TORCH_DTYPES = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float32": "torch.float32"}
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+# Bytes: the boundary on which the kernels' 16-byte vector loads and TMA need a tensor to start
+# (TMA: also every stride but the last). The packages copy an input that does not.
+LOAD_ALIGNMENT = 16
 def custom_op_names(namespace: str, name: str, *phases: str) -> dict[str, str]:
     """The qualified torch.library names of a package's custom ops, by phase ("opgen::x_fwd":
     torch.ops.opgen.x_fwd); the namespace is the spec's."""
@@ -215,6 +218,11 @@ class PlanBase:
                 f"the generated test would not check the gradient of {', '.join(missing)}; every "
                 "differentiable input needs its own assertion"
             ))])
+
+    @property
+    def alignment(self) -> int:
+        """LOAD_ALIGNMENT, for the generated ALIGNMENT / TMA_ALIGNMENT constants."""
+        return LOAD_ALIGNMENT
 
     @property
     def buffer_alloc(self) -> dict[str, str]:

@@ -20,19 +20,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from opgen.families.contract import Family, scaffold
-from opgen.plan import (DTYPE_BYTES, TESTED_SAVES, BytesBenchCase, CompileJob, GradPlan, PlanBase,
-                        ShapeCase, SourceInfo, Sweep, Table, base_fields, ceildiv, distinct_jobs,
-                        explain_tables, format_bytes, kernel_plan, not_positive, refuse_shape,
-                        rows_sweep)
+from opgen.plan import (DTYPE_BYTES, LOAD_ALIGNMENT, TESTED_SAVES, BytesBenchCase, CompileJob,
+                        GradPlan, PlanBase, ShapeCase, SourceInfo, Sweep, Table, base_fields,
+                        ceildiv, distinct_jobs, explain_tables, format_bytes, kernel_plan,
+                        not_positive, refuse_shape, rows_sweep)
 from opgen.spec import (BenchSection, Block, DirectGrad, MatrixShape, RowBlock, SavedSigmoid,
                         StrictModel, TensorShape, TestSection, Threads, family_spec, shapes_of,
                         untested_tail)
 
 # Each thread keeps its elements' fp32 values in registers: at most this many per thread.
 MAX_ELEMENTS_PER_THREAD = 64
-# Bytes: the kernels' vector loads and stores need every matrix to start on this boundary; the
-# package copies a matrix that does not (autograd.py's ALIGNMENT, printed from the plan).
-ALIGNMENT = 16
 
 
 class ElementwiseTiling(StrictModel):
@@ -134,7 +131,6 @@ class Plan(PlanBase):
     fused: bool  # the spec's swiglu.input == "fused": the public function takes one x [..., 2C]
     inputs: tuple[str, ...]  # the public function's tensor arguments: (a, b) or (x,)
     save_sigmoid: bool  # the spec's saved.sigmoid: the public function's
-    alignment: int  # bytes: where a matrix must start for the kernels to read it in place
     tail_case: ShapeCase  # tail blocks in rows and columns: strided inputs, broken grads
     bench_cases: tuple[BytesBenchCase, ...]
 
@@ -178,7 +174,6 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         fused=fused,
         inputs=inputs,
         save_sigmoid=save_sigmoid,
-        alignment=ALIGNMENT,
         kernels=kernels,
         grads=grads,
         grad_check_order=grad_check_order,
@@ -224,7 +219,7 @@ def _compile_jobs(spec, kernels, tail_case, fused) -> tuple[CompileJob, ...]:
         place (row stride 2C); b, which starts C elements into a row, in place where that start
         is aligned, else copied (row stride C). The gradients: fresh contiguous buffers in the
         pair form (C); in the fused form the halves of dx, as a and b of x."""
-        half = 2 * cols if cols * DTYPE_BYTES[dtype] % ALIGNMENT == 0 else cols
+        half = 2 * cols if cols * DTYPE_BYTES[dtype] % LOAD_ALIGNMENT == 0 else cols
         return (2 * cols, half, *((2 * cols, half) if fused else (cols, cols)))
 
     cols = matrix(tail_case.shape)[1]
