@@ -237,3 +237,41 @@ def test_candidates_are_built_before_timing_in_parallel_chunks():
         assert (c.head_dim, c.causal, kernel, tuple(c.tiling_dict.values())) in built, c.label
     assert all(call[3] == {} for call in calls if call[0] == "fwd")  # the table did not override
     assert {n: getattr(package, n) for n in base} == base
+
+
+PREBUILD_SCRIPT = """
+import os, sys, tempfile
+from pathlib import Path
+os.environ["TILELANG_DEFAULT_TARGET"] = '{"kind": "cuda", "arch": "sm_90a"}'
+from opgen import tune
+from opgen.families import FAMILIES
+from opgen.render import generate
+from opgen.spec import read_spec, validate
+spec_path = Path(sys.argv[1])
+spec = validate(FAMILIES["attention"].spec, read_spec(spec_path))
+gen = generate(spec_path)
+autograd = tune.import_package(gen.files, spec.name, Path(tempfile.mkdtemp()))
+found = [c for c in tune.candidates(spec, ["fwd"]) if c.head_dim == 64 and not c.causal][1:2]
+names = {p: gen.plan.kernels[p].tiling_name for p in tune.TUNED_PHASES}
+saved = {n: getattr(autograd, n) for n in names.values()}
+tune.prebuild_candidates(spec, autograd, found, names, saved, workers=2)
+(c,) = found
+args = (16, 16, 64, False, 0, "bshd", "float16", tune.default_softmax_scale(64))
+key = autograd.kernel_key(autograd.attention_fwd, args, c.tiling_dict)
+assert key in autograd.KERNELS, (key, list(autograd.KERNELS))
+assert autograd.FWD_TILING == saved["FWD_TILING"]
+print("built", c.label)
+"""
+
+
+@pytest.mark.compile
+def test_prebuild_compiles_the_candidates_kernels_of_the_real_package(tmp_path):
+    """prebuild_candidates on the rendered attention package (no GPU): the candidate's forward
+    kernel is compiled for sm_90a and stored under the key its timing launch looks up."""
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-c", PREBUILD_SCRIPT,
+                             str(REPO_ROOT / "specs/attention.toml")],
+                            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "built fwd d64 full 64x32 threads=128 stages=1" in result.stdout

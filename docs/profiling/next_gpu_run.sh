@@ -7,7 +7,9 @@
 #      The GPU machine lacks typer and rich: copy them (and click, shellingham, markdown_it, mdurl,
 #      pygments, annotated_doc) into .prof/site and carry .prof; this script puts it on PYTHONPATH
 #      and links opgen/templates to templates/ (what `pip install -e .` maps).
-#   2. After `opgen build` of the tuned specs here: the tests of the rebuilt packages and their
+#   2. The backward schedules (async WGMMA overlap, docs/profiling/bwd_schedules.py; builds for
+#      sm_90a here, never run): python docs/profiling/bwd_schedule_probe.py   (~2.5 min)
+#   3. After `opgen build` of the tuned specs here: the tests of the rebuilt packages and their
 #      benches:  bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
