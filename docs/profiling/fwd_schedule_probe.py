@@ -20,6 +20,7 @@ ODD = [(2, 16, 16, 333, 128, True, "float16"), (2, 16, 16, 333, 128, False, "flo
        (1, 16, 16, 128, 64, True, "float16"), (1, 16, 16, 1, 128, False, "float16")]
 CONFIGS = {
     "fa3 128x128 s2": (V.fwd_fa3, (128, 128, 256, 2)),
+    "pingpong 128x128 s2": (V.fwd_pingpong, (128, 128, 256, 2)),
     "fa3 128x64 s2": (V.fwd_fa3, (128, 64, 256, 2)),
     "fa3 128x128 s1": (V.fwd_fa3, (128, 128, 256, 1)),
     "plain 128x128 s2": (V.fwd_variant, (128, 128, 256, 2, "plain")),

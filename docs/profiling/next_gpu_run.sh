@@ -7,8 +7,10 @@
 #      The GPU machine lacks typer and rich: copy them (and click, shellingham, markdown_it, mdurl,
 #      pygments, annotated_doc) into .prof/site and carry .prof; this script puts it on PYTHONPATH
 #      and links opgen/templates to templates/ (what `pip install -e .` maps).
-#   2. The backward schedules (async WGMMA overlap, docs/profiling/bwd_schedules.py; builds for
-#      sm_90a here, never run): python docs/profiling/bwd_schedule_probe.py   (~2.5 min)
+#   2. The forward and backward schedule probes (fwd_pingpong: warpgroups taking turns; the
+#      backward's async WGMMA overlap; both build for sm_90a here, never run), in one call:
+#        python docs/profiling/fwd_schedule_probe.py; python docs/profiling/bwd_schedule_probe.py
+#      (~1.5 + ~2.5 min). The probes keep the kernels from their own paths, not TileLang's cache.
 #   3. After `opgen build` of the tuned specs here: the tests of the rebuilt packages and their
 #      benches:  bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
