@@ -101,17 +101,18 @@ def tune_shape(spec: Any, dim: int) -> dict[str, int]:
 
 
 def compile_job(spec: Any, plan: Any, candidate: Candidate) -> CompileJob:
-    """The kernel a candidate launches at its tune shape: the spec's first layout, the bench
-    dtype, the default scale, the shape's dK/dV reductions."""
+    """The kernel a candidate launches at its tune shape (its heads and KV heads, the spec's
+    first layout, the bench dtype, the default scale, the shape's dK/dV reductions): the very
+    kernel the timing launches, so that on a GPU the timing loads it from TileLang's cache."""
     layout, dtype = spec.attention.layouts[0], spec.bench.dtype
     scale = default_softmax_scale(candidate.head_dim)
-    args = (1, 1, candidate.head_dim, candidate.causal, 0, layout, dtype, scale)
+    shape = tune_shape(spec, candidate.head_dim)
+    heads, kv_heads = shape["heads"], shape["kv_heads"]
+    args = (heads, kv_heads, candidate.head_dim, candidate.causal, 0, layout, dtype, scale)
     if candidate.phase == "bwd":
-        shape = tune_shape(spec, candidate.head_dim)
-        groups = shape["heads"] // shape["kv_heads"]
         chosen = reductions(spec)
-        dk, dv = (chosen["dk"], chosen["dv"]) if groups > 1 else ("direct", "direct")
-        args = (groups, 1, candidate.head_dim, candidate.causal, 0, layout, dtype, scale, dk, dv)
+        dk, dv = (chosen["dk"], chosen["dv"]) if heads > kv_heads else ("direct", "direct")
+        args = (*args, dk, dv)
     return CompileJob(plan.kernels[candidate.phase].factory, args, candidate.tiling_dict,
                       candidate.label)
 

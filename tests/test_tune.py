@@ -275,3 +275,25 @@ def test_prebuild_compiles_the_candidates_kernels_of_the_real_package(tmp_path):
                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "built fwd d64 full 64x32 threads=128 stages=1" in result.stdout
+
+
+def test_compile_job_is_the_kernel_the_timing_launches(tmp_path):
+    """The compile check builds each candidate with the very factory arguments and tiling the
+    package's run_forward / run_backward launch it with at the tune shape (heads included): on a
+    GPU the timing then loads the checked kernels from TileLang's cache instead of building them
+    again (run 32 rebuilt every candidate: the check used one head)."""
+    for name in ("attention", "gqa"):
+        path = REPO_ROOT / f"specs/{name}.toml"
+        spec, gen = validate(ATTENTION, read_spec(path)), generate(path)
+        autograd = tune.import_package(gen.files, spec.name, tmp_path / name)
+        for c in tune.candidates(spec, ("fwd", "bwd"), max_candidates=2):
+            job = tune.compile_job(spec, gen.plan, c)
+            shape = tune.tune_shape(spec, c.head_dim)
+            heads, kv_heads = shape["heads"], shape["kv_heads"]
+            calls = autograd.variant_calls(heads, kv_heads, c.head_dim, c.causal, 0,
+                                           spec.attention.layouts[0], spec.bench.dtype,
+                                           tune.default_softmax_scale(c.head_dim),
+                                           *autograd.reductions(heads, kv_heads))
+            factory, args, _ = calls[c.phase]
+            assert factory is getattr(autograd, job.factory), c.label
+            assert (job.args, job.tiling) == (args, c.tiling_dict), c.label

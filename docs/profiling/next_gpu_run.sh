@@ -1,7 +1,7 @@
 #!/bin/bash
 # The GPU work session 8 left, one call each (the device allows 600 s per call):
-#   1. opgen tune with its candidates now built in parallel first (run 32 ran out of time building
-#      them one by one). One spec per call; each writes [[tiling.tuned]] into the spec:
+#   1. opgen tune, whose timing now loads the kernels its compile check built (run 32 ran out of
+#      time rebuilding them one by one: the check had built them with one head). One spec per call; each writes [[tiling.tuned]] into the spec:
 #        source .gpu/env.sh && bash docs/profiling/next_gpu_run.sh tune attention
 #        ... tune gqa, tune attention_sink
 #      The GPU machine lacks typer and rich: copy them (and click, shellingham, markdown_it, mdurl,
@@ -10,7 +10,7 @@
 #   2. The forward and backward schedule probes (fwd_pingpong: warpgroups taking turns; the
 #      backward's async WGMMA overlap; both build for sm_90a here, never run), in one call:
 #        python docs/profiling/fwd_schedule_probe.py; python docs/profiling/bwd_schedule_probe.py
-#      (~1.5 + ~2.5 min). The probes keep the kernels from their own paths, not TileLang's cache.
+#      (~1.5 + ~2.5 min).
 #   3. After `opgen build` of the tuned specs here: the tests of the rebuilt packages and their
 #      benches:  bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
