@@ -247,38 +247,14 @@ def _max_error(got, want) -> float:
     return (got.float() - want.float()).abs().max().item()
 
 
-# The kernels each phase's timing launches (the other phases' are built once, with the base tiling).
-PHASE_KERNELS = {"fwd": ("fwd",), "bwd": ("preprocess", "bwd", "postprocess")}
-
-
-def _use_tiling(autograd: Any, names: dict[str, str], saved: dict[str, Any],
-                candidate: Candidate) -> None:
-    """The package's tiling globals as saved, but candidate's phase launching its tiling."""
-    for name, value in saved.items():
-        setattr(autograd, name, value)
-    setattr(autograd, names[candidate.phase], candidate.tiling_dict)
-    if hasattr(autograd, names[candidate.phase] + "S"):
-        setattr(autograd, names[candidate.phase] + "S", {})  # no tuned entry overrides it
-
-
-def prebuild_candidates(spec: Any, autograd: Any, found: list[Candidate],
-                        names: dict[str, str], saved: dict[str, Any], workers: int) -> None:
-    """Build the kernels every candidate launches at its tune shape before any is timed, `workers`
-    at a time through the package's own parallel prebuild (one by one on first launch would
-    compile ~150 kernels serially)."""
-    layout, dtype_name = spec.attention.layouts[0], spec.bench.dtype
-    calls = []
-    for candidate in found:
-        shape = tune_shape(spec, candidate.head_dim)
-        heads, kv_heads = shape["heads"], shape["kv_heads"]
-        _use_tiling(autograd, names, saved, candidate)
-        variant = autograd.variant_calls(heads, kv_heads, candidate.head_dim, candidate.causal, 0,
-                                         layout, dtype_name,
-                                         default_softmax_scale(candidate.head_dim),
-                                         *autograd.reductions(heads, kv_heads))
-        calls += [variant[kernel] for kernel in PHASE_KERNELS[candidate.phase]]
-    for name, value in saved.items():
-        setattr(autograd, name, value)
+def prebuild_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
+                        workers: int) -> None:
+    """Build (or load from TileLang's cache, where the compile check put them) the kernel each
+    candidate launches, its compile job, `workers` at a time through the package's parallel
+    prebuild, before any is timed: built on first launch they would come one by one. The other
+    phases' kernels are the base tiling's, built by the first run_forward of each variant."""
+    calls = [(getattr(autograd, job.factory), job.args, job.tiling)
+             for job in (compile_job(spec, plan, c) for c in found)]
     for start in range(0, len(calls), workers):
         try:
             autograd.prebuild(calls[start:start + workers])
@@ -305,7 +281,7 @@ def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
     names = {phase: plan.kernels[phase].tiling_name for phase in TUNED_PHASES}
     saved = {n: getattr(autograd, n) for p in names.values() for n in (p, p + "S")
              if hasattr(autograd, n)}
-    prebuild_candidates(spec, autograd, found, names, saved, workers)
+    prebuild_candidates(spec, plan, autograd, found, workers)
     times: dict[Candidate, float | None] = {}
     by_variant: dict[tuple[int, bool], list[Candidate]] = {}
     for c in found:
@@ -334,7 +310,12 @@ def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
             del leaves
             o, lse = autograd.run_forward(*inputs, causal, None, layout, scale)
             for candidate in mine:
-                _use_tiling(autograd, names, saved, candidate)
+                for name, value in saved.items():
+                    setattr(autograd, name, value)
+                tiling = candidate.tiling_dict
+                setattr(autograd, names[candidate.phase], tiling)
+                if hasattr(autograd, names[candidate.phase] + "S"):
+                    setattr(autograd, names[candidate.phase] + "S", {})
                 try:
                     if candidate.phase == "fwd":
                         def call():

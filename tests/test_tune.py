@@ -207,36 +207,21 @@ def test_tune_dry_run_lists_compiled_candidates(tmp_path, run_opgen):
 
 
 def test_candidates_are_built_before_timing_in_parallel_chunks():
-    """Every candidate's kernels go to the package's parallel prebuild, `workers` calls at a
-    time, each call with the candidate's tiling (the tuned table emptied), and the package's
-    tiling globals are as before afterwards."""
+    """Each candidate's compile job, as the package's (factory, args, tiling) call, goes to the
+    package's parallel prebuild, `workers` calls at a time."""
     spec = shipped()
+    plan, _ = load_plan(REPO_ROOT / "specs/attention.toml")
     found = tune.candidates(spec, ("fwd", "bwd"))
-    base = {"FWD_TILING": {"block_m": 1}, "BWD_TILING": {"block_m": 2}, "FWD_TILINGS": {"x": 1}}
     chunks = []
-
-    def variant_calls(heads, kv_heads, dim, causal, window, layout, dtype, scale, dk, dv):
-        return {kernel: (kernel, (heads, kv_heads, dim, causal, window, layout, dtype, scale, dk, dv),
-                         dict(package.BWD_TILING if kernel == "bwd" else package.FWD_TILING),
-                         dict(package.FWD_TILINGS))
-                for kernel in ("fwd", "preprocess", "bwd", "postprocess")}
-
     package = type(sys)("fake_autograd")
-    package.__dict__.update(base, variant_calls=variant_calls, prebuild=chunks.append,
-                            reductions=lambda heads, kv_heads: ("direct", "direct"))
-    names = {"fwd": "FWD_TILING", "bwd": "BWD_TILING"}
-    saved = {n: getattr(package, n) for n in base}
-    tune.prebuild_candidates(spec, package, found, names, saved, workers=16)
+    package.__dict__.update(prebuild=chunks.append, attention_fwd="fwd factory",
+                            attention_bwd="bwd factory")
+    tune.prebuild_candidates(spec, plan, package, found, workers=16)
+    assert [len(chunk) for chunk in chunks] == [16] * (len(found) // 16) + [len(found) % 16] * bool(len(found) % 16)
     calls = [call for chunk in chunks for call in chunk]
-    assert all(len(chunk) <= 16 for chunk in chunks) and len(chunks) > 1
-    fwd = [c for c in found if c.phase == "fwd"]
-    assert len(calls) == len(fwd) + 3 * (len(found) - len(fwd))
-    built = {(call[1][2], call[1][3], call[0], tuple(call[2].values())) for call in calls}
-    for c in found:
-        kernel = "fwd" if c.phase == "fwd" else "bwd"
-        assert (c.head_dim, c.causal, kernel, tuple(c.tiling_dict.values())) in built, c.label
-    assert all(call[3] == {} for call in calls if call[0] == "fwd")  # the table did not override
-    assert {n: getattr(package, n) for n in base} == base
+    for c, (factory, args, tiling) in zip(found, calls, strict=True):
+        job = tune.compile_job(spec, plan, c)
+        assert factory == f"{c.phase} factory" and (args, tiling) == (job.args, c.tiling_dict)
 
 
 PREBUILD_SCRIPT = """
@@ -252,14 +237,13 @@ spec = validate(FAMILIES["attention"].spec, read_spec(spec_path))
 gen = generate(spec_path)
 autograd = tune.import_package(gen.files, spec.name, Path(tempfile.mkdtemp()))
 found = [c for c in tune.candidates(spec, ["fwd"]) if c.head_dim == 64 and not c.causal][1:2]
-names = {p: gen.plan.kernels[p].tiling_name for p in tune.TUNED_PHASES}
-saved = {n: getattr(autograd, n) for n in names.values()}
-tune.prebuild_candidates(spec, autograd, found, names, saved, workers=2)
+saved = dict(autograd.FWD_TILING)
+tune.prebuild_candidates(spec, gen.plan, autograd, found, workers=2)
 (c,) = found
 args = (16, 16, 64, False, 0, "bshd", "float16", tune.default_softmax_scale(64))
 key = autograd.kernel_key(autograd.attention_fwd, args, c.tiling_dict)
 assert key in autograd.KERNELS, (key, list(autograd.KERNELS))
-assert autograd.FWD_TILING == saved["FWD_TILING"]
+assert autograd.FWD_TILING == saved
 print("built", c.label)
 """
 
