@@ -1,12 +1,14 @@
 #!/bin/bash
 # The GPU work session 8 left, one call each (the device allows 600 s per call):
 #   1. opgen tune, whose timing now loads the kernels its compile check built (run 32 ran out of
-#      time rebuilding them one by one: the check had built them with one head). One spec per call; each writes [[tiling.tuned]] into the spec:
+#      time rebuilding them one by one: the check had built them with one head). One spec per
+#      call; each writes [[tiling.tuned]] into the spec (copied to $OUT):
 #        source .gpu/env.sh && bash docs/profiling/next_gpu_run.sh tune attention
 #        ... tune gqa, tune attention_sink
-#      The GPU machine lacks typer and rich: copy them (and click, shellingham, markdown_it, mdurl,
-#      pygments, annotated_doc) into .prof/site and carry .prof; this script puts it on PYTHONPATH
-#      and links opgen/templates to templates/ (what `pip install -e .` maps).
+#      The GPU machine lacks typer and rich: first, on this machine, `bash
+#      docs/profiling/next_gpu_run.sh prep` copies them (and what they import) into .prof/site;
+#      carry .prof. On the GPU this script puts it on PYTHONPATH and links opgen/templates to
+#      templates/ (what `pip install -e .` maps).
 #   2. The forward and backward schedule probes (fwd_pingpong: warpgroups taking turns; the
 #      backward's async WGMMA overlap; both build for sm_90a here, never run), in one call:
 #        python docs/profiling/fwd_schedule_probe.py; python docs/profiling/bwd_schedule_probe.py
@@ -15,11 +17,20 @@
 #      benches:  bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
+what=$1; shift
+if [ "$what" = prep ]; then
+  site=$(python -c "import typer, os; print(os.path.dirname(os.path.dirname(typer.__file__)))")
+  mkdir -p .prof/site
+  for p in typer rich click shellingham markdown_it mdurl pygments annotated_doc typing_extensions.py; do
+    cp -r "$site/$p" .prof/site/
+  done
+  find .prof/site -name __pycache__ -type d -prune -exec rm -rf {} +
+  exit 0
+fi
 export PYTHONPATH="$PYTHONPATH:$(pwd)/.prof/site"
 python -c "import opgen.templates" 2>/dev/null || ln -s ../templates opgen/templates
 L=${OUT:-.}/next_gpu_run.log
 start=$(date +%s)
-what=$1; shift
 if [ "$what" = tune ]; then
   for s in "$@"; do
     echo "=== [$(( $(date +%s) - start )) s] opgen tune specs/$s.toml -j 16" >> $L
