@@ -1,0 +1,38 @@
+"""The attention package's forward and backward kernels at a bench shape, for Nsight Compute: three
+warm-up rounds, then one forward and one backward launch inside NVTX ranges. On the H200:
+
+    ncu --clock-control none -k regex:"^(fwd|bwd)_kernel" --launch-skip 6 --launch-count 2 \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section ComputeWorkloadAnalysis --section SchedulerStats \
+        python docs/profiling/ncu_attention.py [attention|gqa] [causal]
+
+Shape: MHA fp16 B4 H16 S4096 D128 (attention) or GQA bf16 B2 32/8 S4096 D128 (gqa)."""
+import importlib
+import os
+import sys
+
+sys.path.insert(0, os.getcwd())
+import torch
+
+name = sys.argv[1] if len(sys.argv) > 1 else "attention"
+causal = len(sys.argv) > 2 and sys.argv[2] == "causal"
+A = importlib.import_module(f"generated.{name}.autograd")
+b, h, kv, dtype = (4, 16, 16, torch.float16) if name == "attention" else (2, 32, 8, torch.bfloat16)
+s, d = 4096, 128
+q = torch.randn(b, s, h, d, device="cuda", dtype=dtype)
+k, v = (torch.randn(b, s, kv, d, device="cuda", dtype=dtype) for _ in range(2))
+do = torch.randn_like(q)
+scale = d ** -0.5
+for _ in range(3):
+    o, lse = A.run_forward(q, k, v, causal, None, "bshd", scale)
+    A.run_backward(q, k, v, o, lse, do, causal, None, "bshd", scale)
+torch.cuda.synchronize()
+torch.cuda.nvtx.range_push("fwd")
+o, lse = A.run_forward(q, k, v, causal, None, "bshd", scale)
+torch.cuda.synchronize()
+torch.cuda.nvtx.range_pop()
+torch.cuda.nvtx.range_push("bwd")
+A.run_backward(q, k, v, o, lse, do, causal, None, "bshd", scale)
+torch.cuda.synchronize()
+torch.cuda.nvtx.range_pop()
+print("done", name, "causal" if causal else "full")
