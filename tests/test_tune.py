@@ -217,7 +217,8 @@ def test_candidates_are_built_before_timing_in_parallel_chunks():
     package.__dict__.update(prebuild=chunks.append, attention_fwd="fwd factory",
                             attention_bwd="bwd factory")
     tune.prebuild_candidates(spec, plan, package, found, workers=16)
-    assert [len(chunk) for chunk in chunks] == [16] * (len(found) // 16) + [len(found) % 16] * bool(len(found) % 16)
+    full, rest = divmod(len(found), 16)
+    assert [len(chunk) for chunk in chunks] == [16] * full + [rest] * bool(rest)
     calls = [call for chunk in chunks for call in chunk]
     for c, (factory, args, tiling) in zip(found, calls, strict=True):
         job = tune.compile_job(spec, plan, c)
