@@ -23,6 +23,19 @@ ATTENTION = FAMILIES["attention"].spec
 TUNED_SPEC = REPO_ROOT / "tests/specs/attention_tuned.toml"
 
 
+def scaffold_text(name: str = "attention") -> str:
+    """What `opgen new NAME` writes: the shipped spec without its [[tiling.tuned]] entries."""
+    from opgen.cli import scaffolds
+    from opgen.render import environment
+
+    family, preset = scaffolds()[name]
+    return environment().get_template(family.scaffold_template).render(name=name, preset=preset)
+
+
+# An attention spec without a [[tiling.tuned]] table (specs/attention.toml has one).
+SPEC_TEXT = scaffold_text()
+
+
 def spec_of(text: str):
     return validate(ATTENTION, SpecSource("specs/x.toml", "", tomllib.loads(text), text))
 
@@ -46,10 +59,12 @@ def test_tuned_table_parses_and_plans():
     assert fwd_jobs[64, False]["block_n"] == 128 and fwd_jobs[64, True] == plan.kernels["fwd"].tiling
 
 
-def test_package_without_a_table_prints_none():
-    plan, _ = load_plan(REPO_ROOT / "specs/attention.toml")
+def test_package_without_a_table_prints_none(tmp_path):
+    path = tmp_path / "attention.toml"
+    path.write_text(SPEC_TEXT)
+    plan, _ = load_plan(path)
     assert plan.tuned == {} and plan.tiling_exprs["fwd"] == "FWD_TILING"
-    files = generate(REPO_ROOT / "specs/attention.toml").files
+    files = generate(path).files
     assert "FWD_TILINGS" not in files["kernels.py"] + files["autograd.py"]
 
 
@@ -80,7 +95,7 @@ def test_variant_calls_pick_the_tuned_tiling(tmp_path, monkeypatch):
 
 def test_digest_of_a_spec_without_a_table_is_unchanged():
     # The empty table is no part of the hash: specs without it keep their packages' headers.
-    assert "tuned" not in shipped().model_dump()["tiling"]
+    assert "tuned" not in spec_of(SPEC_TEXT).model_dump()["tiling"]
 
 
 BASE = 'name = "x"\nfamily = "attention"\n'
@@ -102,7 +117,7 @@ def test_bad_tuned_entries(entry, field, words):
 
 
 def test_candidates_pass_the_rules_current_tiling_first():
-    spec = shipped()
+    spec = spec_of(SPEC_TEXT)
     found = tune.candidates(spec)
     assert found, "no candidate"
     for c in found:
@@ -133,7 +148,6 @@ def test_pick_winners_from_fake_timings():
     assert winners == {(64, False, "fwd"): b, (64, True, "fwd"): d}
 
 
-SPEC_TEXT = (REPO_ROOT / "specs/attention.toml").read_text()
 WINNERS = {
     (64, False): {"fwd": {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2}},
     (128, True): {"fwd": {"block_m": 64, "block_n": 64, "threads": 128, "num_stages": 2},
@@ -271,6 +285,8 @@ def test_compile_job_is_the_kernel_the_timing_launches(tmp_path):
         path = REPO_ROOT / f"specs/{name}.toml"
         spec, gen = validate(ATTENTION, read_spec(path)), generate(path)
         autograd = tune.import_package(gen.files, spec.name, tmp_path / name)
+        for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[module]  # a later test's spec of this name must not find it installed
         for c in tune.candidates(spec, ("fwd", "bwd"), max_candidates=2):
             job = tune.compile_job(spec, gen.plan, c)
             shape = tune.tune_shape(spec, c.head_dim)
