@@ -9,8 +9,9 @@
 #      docs/profiling/next_gpu_run.sh prep` copies them (and what they import) into .prof/site;
 #      carry .prof. On the GPU this script puts it on PYTHONPATH and links opgen/templates to
 #      templates/ (what `pip install -e .` maps).
-#   2. The forward and backward schedule probes (fwd_pingpong: warpgroups taking turns; the
-#      backward's async WGMMA overlap; both build for sm_90a here, never run), in one call:
+#   2. The forward and backward schedule probes (fwd_fa3 with pingpong: warpgroups taking
+#      turns; the backward's async WGMMA overlap; both build for sm_90a here, never run), in one
+#      call:
 #        python docs/profiling/fwd_schedule_probe.py; python docs/profiling/bwd_schedule_probe.py
 #      (~1.5 + ~2.5 min). Then the profile issue 11 asks for where a target is not reached: the
 #      ncu command in docs/profiling/ncu_attention.py's docstring, for attention and gqa causal.
