@@ -655,8 +655,8 @@ def tune(
             out.print(f"  {c.label}: " + (f"{ms:.3f} ms" if ms is not None else problem),
                       markup=False)
 
-        with scratch_dir() as scratch:
-            autograd = tuning.import_package(gen.files, spec.name, Path(scratch))
+        with scratch_dir() as scratch, tuning.imported_package(gen.files, spec.name,
+                                                               Path(scratch)) as autograd:
             times = tuning.time_candidates(spec, plan, autograd, compiled, report,
                                             workers=jobs or os.cpu_count() or 1)
         winners = tuning.pick_winners(compiled, times)

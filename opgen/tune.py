@@ -10,6 +10,7 @@ before it is timed. Selection (pick_winners) and the spec edit (write_tuned) are
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import itertools
@@ -17,7 +18,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from opgen.families.attention import (TUNED_PHASES, AttentionBenchShape, default_softmax_scale,
                                       reductions, tiling_problems)
@@ -230,17 +231,25 @@ def unified_diff(old: str, new: str, path: str) -> str:
 # --- on the GPU --------------------------------------------------------------------------------
 
 
-def import_package(files: dict[str, str], name: str, scratch: Path):
-    """The rendered package, written under scratch and imported (its autograd module)."""
+@contextlib.contextmanager
+def imported_package(files: dict[str, str], name: str, scratch: Path) -> Iterator[Any]:
+    """The rendered package, written under scratch and imported (its autograd module), unloaded
+    again on exit: left in sys.modules, it would make the spec's own name check fail (the name
+    "shadows an installed module") when the tuned spec is validated."""
     package = scratch / name
     package.mkdir(parents=True, exist_ok=True)
     for rel, text in files.items():
         (package / rel).write_text(text, encoding="utf-8")
     sys.path.insert(0, str(scratch))
     try:
-        return importlib.import_module(f"{name}.autograd")
+        module = importlib.import_module(f"{name}.autograd")
     finally:
         sys.path.remove(str(scratch))
+    try:
+        yield module
+    finally:
+        for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[loaded]
 
 
 def _max_error(got, want) -> float:

@@ -250,15 +250,17 @@ from opgen.spec import read_spec, validate
 spec_path = Path(sys.argv[1])
 spec = validate(FAMILIES["attention"].spec, read_spec(spec_path))
 gen = generate(spec_path)
-autograd = tune.import_package(gen.files, spec.name, Path(tempfile.mkdtemp()))
-found = [c for c in tune.candidates(spec, ["fwd"]) if c.head_dim == 64 and not c.causal][1:2]
-saved = dict(autograd.FWD_TILING)
-tune.prebuild_candidates(spec, gen.plan, autograd, found, workers=2)
-(c,) = found
-args = (16, 16, 64, False, 0, "bshd", "float16", tune.default_softmax_scale(64))
-key = autograd.kernel_key(autograd.attention_fwd, args, c.tiling_dict)
-assert key in autograd.KERNELS, (key, list(autograd.KERNELS))
-assert autograd.FWD_TILING == saved
+with tune.imported_package(gen.files, spec.name, Path(tempfile.mkdtemp())) as autograd:
+    found = [c for c in tune.candidates(spec, ["fwd"]) if c.head_dim == 64 and not c.causal][1:2]
+    saved = dict(autograd.FWD_TILING)
+    tune.prebuild_candidates(spec, gen.plan, autograd, found, workers=2)
+    (c,) = found
+    args = (16, 16, 64, False, 0, "bshd", "float16", tune.default_softmax_scale(64))
+    key = autograd.kernel_key(autograd.attention_fwd, args, c.tiling_dict)
+    assert key in autograd.KERNELS, (key, list(autograd.KERNELS))
+    assert autograd.FWD_TILING == saved
+# The tuned spec is validated after the timing: its name must not be taken by the package then.
+validate(FAMILIES["attention"].spec, read_spec(spec_path))
 print("built", c.label)
 """
 
@@ -284,9 +286,12 @@ def test_compile_job_is_the_kernel_the_timing_launches(tmp_path):
     for name in ("attention", "gqa"):
         path = REPO_ROOT / f"specs/{name}.toml"
         spec, gen = validate(ATTENTION, read_spec(path)), generate(path)
-        autograd = tune.import_package(gen.files, spec.name, tmp_path / name)
-        for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-            del sys.modules[module]  # a later test's spec of this name must not find it installed
+        with tune.imported_package(gen.files, spec.name, tmp_path / name) as autograd:
+            assert f"{name}.autograd" in sys.modules
+        # Unloaded: the spec, validated again after the timing, must not find its name taken
+        # (run 34 wrote no tuned spec because of that).
+        assert not [m for m in sys.modules if m == name or m.startswith(name + ".")]
+        validate(ATTENTION, read_spec(path))
         for c in tune.candidates(spec, ("fwd", "bwd"), max_candidates=2):
             job = tune.compile_job(spec, gen.plan, c)
             shape = tune.tune_shape(spec, c.head_dim)

@@ -15,8 +15,11 @@
 #        python docs/profiling/fwd_schedule_probe.py; python docs/profiling/bwd_schedule_probe.py
 #      (~1.5 + ~2.5 min). Then the profile issue 11 asks for where a target is not reached: the
 #      ncu command in docs/profiling/ncu_attention.py's docstring, for attention and gqa causal.
-#   3. After `opgen build` of the tuned specs here: the tests of the rebuilt packages and their
-#      benches:  bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink
+#   3. After `opgen build` of the tuned specs here: the tests of the rebuilt packages, the
+#      profile, then (second call) their benches:
+#        bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink
+#        bash docs/profiling/next_gpu_run.sh ncu attention full gqa causal
+#        bash docs/profiling/next_gpu_run.sh bench attention gqa attention_sink
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
@@ -36,19 +39,31 @@ start=$(date +%s)
 if [ "$what" = tune ]; then
   for s in "$@"; do
     echo "=== [$(( $(date +%s) - start )) s] opgen tune specs/$s.toml -j 16" >> $L
-    timeout 540 python -c "from opgen.cli import app; app()" tune specs/$s.toml -j 16 > /tmp/tune-$s.log 2>&1
+    # The whole log straight into $OUT: a call that runs out of time still brings it back.
+    timeout 540 python -c "from opgen.cli import app; app()" tune specs/$s.toml -j 16 > ${OUT:-.}/tune-$s.log 2>&1
     echo "rc=$?" >> $L
-    grep -E "fastest|wrong|failed|candidate|wrote|Error| ms$" /tmp/tune-$s.log >> $L
+    grep -E "fastest|wrong|failed|candidate|wrote|Error| ms$" ${OUT:-.}/tune-$s.log >> $L
     cp specs/$s.toml ${OUT:-.}/$s.toml
   done
-else
+elif [ "$what" = tests ]; then
   pkgs=$(for p in "$@"; do echo generated/$p; done)
   timeout 400 python -m pytest $pkgs -n 15 -q -p no:cacheprovider -p no:benchmark -rf > /tmp/tests.log 2>&1
   echo "pytest rc=$? at $(( $(date +%s) - start )) s" >> $L
   grep -E "passed|failed|FAILED|ERROR" /tmp/tests.log | tail -40 >> $L
   gzip -c /tmp/tests.log > ${OUT:-.}/next_gpu_run-pytest.log.gz
+elif [ "$what" = bench ]; then
   for p in "$@"; do
-    timeout 90 python -m generated.$p.bench_$p --json ${OUT:-.}/bench-$p.json >> $L 2>&1
+    timeout 150 python -m generated.$p.bench_$p --json ${OUT:-.}/bench-$p.json >> $L 2>&1
+  done
+elif [ "$what" = ncu ]; then
+  # args: pairs of package and mask, e.g. attention full gqa causal
+  while [ $# -gt 1 ]; do
+    timeout 150 ncu --clock-control none -k regex:"^(fwd|bwd)_kernel" --launch-skip 6 --launch-count 2 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section SchedulerStats --section MemoryWorkloadAnalysis \
+      python docs/profiling/ncu_attention.py $1 $2 > ${OUT:-.}/ncu-$1-$2.txt 2>&1
+    echo "ncu $1 $2 rc=$? at $(( $(date +%s) - start )) s" >> $L
+    shift 2
   done
 fi
 echo "end at $(( $(date +%s) - start )) s" >> $L
