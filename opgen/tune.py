@@ -2,7 +2,7 @@
 the fastest into the spec as [[tiling.tuned]], so that the build stays deterministic and the
 choice is committed and reviewed.
 
-The search space per phase is SEARCH_SPACE (every combination), filtered by the rules the spec's
+The search space per phase is SEARCH_SPACE and PHASE_SPACE (every combination), filtered by the rules the spec's
 own tilings obey (shared memory at that head dim, warpgroup layout) and by the CPU compile check;
 on a GPU each remaining candidate is checked against the package's reference at the tune shape
 before it is timed. Selection (pick_winners) and the spec edit (write_tuned) are pure functions.
@@ -20,21 +20,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from opgen.families.attention import (TUNED_PHASES, AttentionBenchShape, default_softmax_scale,
-                                      reductions, tiling_problems)
+from opgen.families.attention import (PHASE_TILING, TUNED_PHASES, AttentionBenchShape,
+                                      default_softmax_scale, reductions, tiling_problems)
 from opgen.plan import CompileJob
-from opgen.spec import GemmTiling
 
 # The candidates of each phase: every combination, in this order (block_m is the query rows of
-# a fwd block and the key rows of a bwd block; block_n the other side of its score tile). The
-# rules keep block_m = 64 * threads / 128 (or 128 rows on one warpgroup) and the shared memory
-# under 227 KB: 10-18 candidates per phase and head dim.
+# a fwd block and the key rows of a bwd block; block_n the other side of its score tile), times
+# the phase's own keys of PHASE_SPACE. The rules keep block_m = 64 * threads / 128 (or 128 rows
+# on one warpgroup), the shared memory under 227 KB and the overlapped forward on 256 threads:
+# at head_dim 64 and 128, 24 fwd and 18 bwd candidates per (head dim, causal).
 SEARCH_SPACE = {
     "block_m": (64, 128),
     "block_n": (32, 64, 128),
     "threads": (128, 256),
     "num_stages": (1, 2),
 }
+PHASE_SPACE = {"fwd": {"overlap": (False, True)}, "bwd": {}}
 # The shape a head dim is timed at when no [bench] shape has that head dim.
 DEFAULT_SHAPE = {"batch": 4, "heads": 16, "kv_heads": 16, "seq_len": 4096}
 MARKER = "# tuned by opgen tune"
@@ -45,7 +46,7 @@ class Candidate:
     head_dim: int
     causal: bool
     phase: str  # fwd | bwd
-    tiling: tuple[tuple[str, int], ...]  # (key, value) pairs, in GemmTiling's order
+    tiling: tuple[tuple[str, int], ...]  # (key, value) pairs, as the phase's tiling model dumps them
 
     @property
     def variant(self) -> tuple[int, bool, str]:
@@ -59,11 +60,15 @@ class Candidate:
     def label(self) -> str:
         t = self.tiling_dict
         return (f"{self.phase} d{self.head_dim} {'causal' if self.causal else 'full'} "
-                f"{t['block_m']}x{t['block_n']} threads={t['threads']} stages={t['num_stages']}")
+                f"{t['block_m']}x{t['block_n']} threads={t['threads']} stages={t['num_stages']}"
+                + (" overlap" if t.get("overlap") else ""))
 
 
 def _as_candidate(dim: int, causal: bool, phase: str, tiling: dict[str, int]) -> Candidate:
-    return Candidate(dim, causal, phase, tuple((k, tiling[k]) for k in GemmTiling.model_fields))
+    """The tiling as the package prints it (a default left out), so that a candidate equal to a
+    spec's tiling is the same candidate and launches the same kernel."""
+    dumped = PHASE_TILING[phase](**tiling).model_dump()
+    return Candidate(dim, causal, phase, tuple(dumped.items()))
 
 
 def current_tiling(spec: Any, dim: int, causal: bool, phase: str) -> dict[str, int]:
@@ -79,12 +84,13 @@ def candidates(spec: Any, phases: Iterable[str] = TUNED_PHASES,
     """Per head dim of the spec, causal and not, and phase: the spec's current tiling first,
     then SEARCH_SPACE's, those the rules accept, at most max_candidates of them."""
     found = []
-    space = [dict(zip(SEARCH_SPACE, values)) for values in itertools.product(*SEARCH_SPACE.values())]
     for dim, causal, phase in itertools.product(spec.attention.head_dims, (False, True), phases):
+        keys = {**SEARCH_SPACE, **PHASE_SPACE[phase]}
+        space = [dict(zip(keys, values)) for values in itertools.product(*keys.values())]
         mine: list[Candidate] = []
         for tiling in [current_tiling(spec, dim, causal, phase), *space]:
             candidate = _as_candidate(dim, causal, phase, tiling)
-            if candidate in mine or tiling_problems(phase, GemmTiling(**tiling), (dim,)):
+            if candidate in mine or tiling_problems(phase, PHASE_TILING[phase](**tiling), (dim,)):
                 continue
             mine.append(candidate)
         found += mine[:max_candidates]

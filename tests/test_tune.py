@@ -14,9 +14,9 @@ from conftest import REPO_ROOT
 from opgen import tune
 from opgen.errors import SpecError
 from opgen.families import FAMILIES
-from opgen.families.attention import tiling_problems
+from opgen.families.attention import PHASE_TILING, tiling_problems
 from opgen.render import generate, load_plan
-from opgen.spec import GemmTiling, SpecSource, read_spec, validate
+from opgen.spec import SpecSource, read_spec, validate
 import tomllib
 
 ATTENTION = FAMILIES["attention"].spec
@@ -47,7 +47,8 @@ def shipped(name: str = "attention"):
 def test_tuned_table_parses_and_plans():
     plan, _ = load_plan(TUNED_SPEC)
     assert plan.tuned["fwd"] == {
-        (64, False): {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2},
+        (64, False): {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2,
+                      "overlap": True},
         (128, True): {"block_m": 128, "block_n": 32, "threads": 256, "num_stages": 2},
     }
     assert list(plan.tuned["bwd"]) == [(64, False)]
@@ -83,7 +84,7 @@ def test_variant_calls_pick_the_tuned_tiling(tmp_path, monkeypatch):
                                           "direct", "direct")
 
         assert calls(64, False)["fwd"][2] == {"block_m": 128, "block_n": 128, "threads": 256,
-                                              "num_stages": 2}
+                                              "num_stages": 2, "overlap": True}
         assert calls(64, False)["bwd"][2]["block_m"] == 64
         assert calls(64, True)["fwd"][2] is autograd.FWD_TILING
         assert calls(128, True)["fwd"][2]["block_n"] == 32
@@ -109,6 +110,12 @@ BASE = 'name = "x"\nfamily = "attention"\n'
     ("head_dim = 64\ncausal = true\nfwd = { block_m = 64, block_n = 64, threads = 256, num_stages = 1 }",
      "tiling.tuned.0.fwd", "has no TileLang layout"),
     ("head_dim = 64\ncausal = true", "tiling.tuned.0", "give fwd, bwd or both"),
+    ("head_dim = 64\ncausal = true\n"
+     "fwd = { block_m = 64, block_n = 64, threads = 128, num_stages = 1, overlap = true }",
+     "tiling.tuned.0.fwd.overlap", "needs threads = 256"),
+    ("head_dim = 64\ncausal = true\n"
+     "bwd = { block_m = 64, block_n = 64, threads = 128, num_stages = 1, overlap = true }",
+     "tiling.tuned.0.bwd.overlap", "unknown key"),
 ])
 def test_bad_tuned_entries(entry, field, words):
     with pytest.raises(SpecError) as info:
@@ -121,7 +128,14 @@ def test_candidates_pass_the_rules_current_tiling_first():
     found = tune.candidates(spec)
     assert found, "no candidate"
     for c in found:
-        assert not tiling_problems(c.phase, GemmTiling(**c.tiling_dict), (c.head_dim,))
+        assert not tiling_problems(c.phase, PHASE_TILING[c.phase](**c.tiling_dict), (c.head_dim,))
+    # The overlapped forward is a candidate only where its rule allows it (two warpgroups,
+    # pipelined), never in the backward; the plain loop's tiling has no overlap key at all.
+    overlapped = [c for c in found if c.tiling_dict.get("overlap")]
+    assert overlapped and all(c.phase == "fwd" and c.tiling_dict["threads"] == 256
+                              and c.tiling_dict["num_stages"] >= 1 for c in overlapped)
+    assert all("overlap" not in c.tiling_dict for c in found if c not in overlapped)
+    assert {c.label.endswith(" overlap") for c in found} == {True, False}
     first = {}
     for c in found:
         first.setdefault(c.variant, c)

@@ -1,12 +1,16 @@
-"""Forward schedules (fwd_schedules.py) vs the package forward (run 31: its tiling was 128x64, one stage) vs SDPA (cuDNN, flash): correctness at odd lengths
-against the committed kernel, then kernel time at the bench shapes (GPU run 31: `python docs/profiling/fwd_schedule_probe.py`)."""
+"""The package forward's two key-loop schedules side by side (overlap=False: GEMM, softmax, GEMM
+one after the other; overlap=True: the next block's QK^T issued next to this block's PV as async
+WGMMA) vs the committed variant (its spec's tiling) vs SDPA (cuDNN, flash): correctness at odd
+lengths against the committed kernel, then kernel time at the bench shapes:
+`python docs/profiling/fwd_schedule_probe.py`. The overlapped loop was first written here as a
+separate kernel (runs 31 and 36, with a ping-pong variant of two warpgroups taking turns that lost
+10-20%; both in git history before session 9) and is now the template's `overlap = true`."""
 import os, sys, time, threading
-sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.join(os.getcwd(), "docs", "profiling"))
+sys.path.insert(0, os.getcwd())
 import torch
 import torch.nn.functional as Fn
 from torch.nn.attention import sdpa_kernel, SDPBackend
 from concurrent.futures import ThreadPoolExecutor
-import fwd_schedules as V
 from generated.attention import autograd as A
 from generated.attention import kernels as K
 from generated.attention import bench_attention as B
@@ -20,11 +24,11 @@ ODD = [(2, 16, 16, 333, 128, True, "float16"), (2, 16, 16, 333, 128, False, "flo
        (1, 16, 16, 4097, 128, True, "float16"), (1, 32, 8, 1000, 128, True, "bfloat16"),
        (1, 16, 16, 128, 64, True, "float16"), (1, 16, 16, 1, 128, False, "float16")]
 CONFIGS = {
-    "fa3 128x128 s2": (V.fwd_fa3, (128, 128, 256, 2)),
-    "pingpong 128x128 s2": (V.fwd_fa3, (128, 128, 256, 2, True)),
-    "fa3 128x64 s2": (V.fwd_fa3, (128, 64, 256, 2)),
-    "fa3 128x128 s1": (V.fwd_fa3, (128, 128, 256, 1)),
-    "shipped loop 128x128 s2": (K.attention_fwd, (128, 128, 256, 2)),
+    "overlap 128x128 s2": (K.attention_fwd, (128, 128, 256, 2, True)),
+    "overlap 128x128 s1": (K.attention_fwd, (128, 128, 256, 1, True)),
+    "overlap 128x64 s2": (K.attention_fwd, (128, 64, 256, 2, True)),
+    "loop 128x128 s2": (K.attention_fwd, (128, 128, 256, 2, False)),
+    "loop 128x128 s1": (K.attention_fwd, (128, 128, 256, 1, False)),
 }
 if os.environ.get("CONFIGS"):
     CONFIGS = {k: v for k, v in CONFIGS.items() if k in os.environ["CONFIGS"].split(",")}

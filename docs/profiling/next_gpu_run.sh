@@ -1,25 +1,24 @@
 #!/bin/bash
-# The GPU work session 8 left, one call each (the device allows 600 s per call):
-#   1. opgen tune, whose timing now loads the kernels its compile check built (run 32 ran out of
-#      time rebuilding them one by one: the check had built them with one head). One spec per
-#      call; each writes [[tiling.tuned]] into the spec (copied to $OUT):
+# The GPU work session 9 left, one call each (the device allows 600 s per call; a machine's
+# start takes ~3 of the session's 30 minutes):
+#   1. The overlapped forward (`overlap = true`, new in the template; its CUDA equals the fa3
+#      probe kernel of runs 31/36 except one clear, never run as the template's): correctness
+#      at odd lengths against the committed forward and speed, ~1 min:
+#        source .gpu/env.sh && python docs/profiling/fwd_schedule_probe.py > $OUT/fwd.log 2>&1
+#   2. opgen tune of each spec, now with the overlap candidates (168, ~3.5 min each); each
+#      writes [[tiling.tuned]] into the spec (copied to $OUT):
 #        source .gpu/env.sh && bash docs/profiling/next_gpu_run.sh tune attention
 #        ... tune gqa, tune attention_sink
 #      The GPU machine lacks typer and rich: first, on this machine, `bash
 #      docs/profiling/next_gpu_run.sh prep` copies them (and what they import) into .prof/site;
 #      carry .prof. On the GPU this script puts it on PYTHONPATH and links opgen/templates to
 #      templates/ (what `pip install -e .` maps).
-#   2. The forward and backward schedule probes (fwd_fa3 with pingpong: warpgroups taking
-#      turns; the backward's async WGMMA overlap; both build for sm_90a here, never run), in one
-#      call:
-#        python docs/profiling/fwd_schedule_probe.py; python docs/profiling/bwd_schedule_probe.py
-#      (~1.5 + ~2.5 min). Then the profile issue 11 asks for where a target is not reached: the
-#      ncu command in docs/profiling/ncu_attention.py's docstring, for attention and gqa causal.
-#   3. After `opgen build` of the tuned specs here: the tests of the rebuilt packages, the
-#      profile, then (second call) their benches:
-#        bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink
-#        bash docs/profiling/next_gpu_run.sh ncu attention full gqa causal
+#   3. After `opgen build` of the tuned specs here (~7 min): the tests of the rebuilt packages
+#      and the attention_tuned golden tree (its (64, full) forward is overlapped), then (second
+#      call) the benches:
+#        bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink attention_tuned
 #        bash docs/profiling/next_gpu_run.sh bench attention gqa attention_sink
+#      (ncu of the kernels: bash docs/profiling/next_gpu_run.sh ncu attention full gqa causal)
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
@@ -46,7 +45,10 @@ if [ "$what" = tune ]; then
     cp specs/$s.toml ${OUT:-.}/$s.toml
   done
 elif [ "$what" = tests ]; then
-  pkgs=$(for p in "$@"; do echo generated/$p; done)
+  # generated/NAME, or tests/golden/NAME (a golden tree, copied beside the packages to import)
+  pkgs=$(for p in "$@"; do
+    if [ -d tests/golden/$p ] && [ ! -d generated/$p ]; then cp -r tests/golden/$p generated/$p; fi
+    echo generated/$p; done)
   timeout 400 python -m pytest $pkgs -n 15 -q -p no:cacheprovider -p no:benchmark -rf > /tmp/tests.log 2>&1
   echo "pytest rc=$? at $(( $(date +%s) - start )) s" >> $L
   grep -E "passed|failed|FAILED|ERROR" /tmp/tests.log | tail -40 >> $L

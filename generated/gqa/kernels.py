@@ -166,11 +166,17 @@ def gqa_fwd(
     block_n,
     threads,
     num_stages,
+    overlap=False,
 ):
     """O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain). Grid (ceildiv(seq_len, block_m), heads, batch).
 
     softmax_scale multiplies the scores Q K^T (not the sinks); the kernel works in the log2
     domain (exp2 of scores * softmax_scale * LOG2E).
+
+    overlap=False: each key block's two GEMMs and its softmax run one after the other.
+    overlap=True (256 threads, pipelined): the QK^T GEMM of key block s and the PV GEMM of block
+    s - 1 are issued together as async WGMMA and the softmax of block s runs while PV is in
+    flight, so the tensor cores are not idle during the softmax.
     """
     batch, seq_len = runtime_dims()
     scale = softmax_scale * LOG2E
@@ -180,6 +186,38 @@ def gqa_fwd(
     rows, _ = _indexers(layout)
     visible = _visibility(seq_len, causal, window)
     needs_mask = _needs_mask(seq_len, causal, window)
+    # Registers of one thread's share of the score and output tiles (the fences of async WGMMA).
+    score_regs = block_m * block_n // threads
+    out_regs = block_m * dim // threads
+
+    @T.macro
+    def init_scores(acc_s, bx, k):
+        """The score tile's start: -inf where the query does not see the key, else 0."""
+        if needs_mask(bx * block_m, block_m, k * block_n, block_n):
+            for i, j in T.Parallel(block_m, block_n):
+                acc_s[i, j] = T.if_then_else(
+                    visible(bx * block_m + i, k * block_n + j), 0, -T.infinity(ACCUM)
+                )
+        else:
+            T.clear(acc_s)
+
+    @T.macro
+    def new_row_max(acc_s, row_max, row_max_prev, row_rescale):
+        """The running row max over this block too, and the factor the earlier sums scale by."""
+        T.copy(row_max, row_max_prev)
+        T.reduce_max(acc_s, row_max, dim=1, clear=False)
+        for i in T.Parallel(block_m):
+            row_max[i] = T.max(row_max[i], row_max_prev[i])
+        # (prev - max) * scale, not prev * scale - max * scale: for a row still at NEG_INIT
+        # the fused multiply-add of the latter leaves a rounding residual of ~1e22 whose
+        # exp2 is inf (NaN in O on the H200 at head_dim 64).
+        for i in T.Parallel(block_m):
+            row_rescale[i] = T.exp2((row_max_prev[i] - row_max[i]) * scale)
+
+    @T.macro
+    def probabilities(acc_s, row_max):
+        for i, j in T.Parallel(block_m, block_n):
+            acc_s[i, j] = T.exp2(acc_s[i, j] * scale - row_max[i] * scale)
 
     @T.prim_func
     def fwd(
@@ -213,36 +251,70 @@ def gqa_fwd(
                 T.min(T.ceildiv((bx + 1) * block_m, block_n), n_blocks) if causal else n_blocks
             )
             loop_start = T.max(T.floordiv(bx * block_m - window + 1, block_n), 0) if window else 0
-            for step in T.Pipelined(loop_end - loop_start, num_stages=num_stages):
-                k = loop_start + step
-                T.copy(rows(K, bz, by // groups, k * block_n, block_n), K_shared)
-                if needs_mask(bx * block_m, block_m, k * block_n, block_n):
-                    for i, j in T.Parallel(block_m, block_n):
-                        acc_s[i, j] = T.if_then_else(
-                            visible(bx * block_m + i, k * block_n + j), 0, -T.infinity(ACCUM)
+            if overlap:
+                n = loop_end - loop_start
+                T.clear(
+                    acc_s_cast
+                )  # read by no GEMM before step 1 writes it; cleared for the checker
+                # Step s issues the scores of key block s and the PV product of block s - 1: one
+                # step more than blocks (step 0 has no PV, step n no scores).
+                for step in T.Pipelined(n + 1, num_stages=num_stages):
+                    kq = T.min(loop_start + step, loop_end - 1)
+                    kv = T.max(loop_start + step - 1, loop_start)
+                    T.copy(rows(K, bz, by // groups, kq * block_n, block_n), K_shared)
+                    T.copy(rows(V, bz, by // groups, kv * block_n, block_n), V_shared)
+                    # One statement holding both GEMMs and their waits: the pipeline releases
+                    # K and V to the next loads only after it.
+                    if step < n:
+                        init_scores(acc_s, bx, kq)
+                        T.wgmma_gemm(
+                            Q_shared,
+                            K_shared,
+                            acc_s,
+                            transpose_B=True,
+                            policy=T.GemmWarpPolicy.FullRow,
                         )
-                else:
-                    T.clear(acc_s)
-                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(rows(V, bz, by // groups, k * block_n, block_n), V_shared)
-                T.copy(row_max, row_max_prev)
-                T.reduce_max(acc_s, row_max, dim=1, clear=False)
-                for i in T.Parallel(block_m):
-                    row_max[i] = T.max(row_max[i], row_max_prev[i])
-                # (prev - max) * scale, not prev * scale - max * scale: for a row still at NEG_INIT
-                # the fused multiply-add of the latter leaves a rounding residual of ~1e22 whose
-                # exp2 is inf (NaN in O on the H200 at head_dim 64).
-                for i in T.Parallel(block_m):
-                    row_rescale[i] = T.exp2((row_max_prev[i] - row_max[i]) * scale)
-                for i, j in T.Parallel(block_m, dim):
-                    acc_o[i, j] *= row_rescale[i]
-                for i, j in T.Parallel(block_m, block_n):
-                    acc_s[i, j] = T.exp2(acc_s[i, j] * scale - row_max[i] * scale)
-                T.copy(acc_s, acc_s_cast)
-                T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
-                T.reduce_sum(acc_s, row_sum, dim=1)
-                for i in T.Parallel(block_m):
-                    row_denom[i] = row_denom[i] * row_rescale[i] + row_sum[i]
+                        if step > 0:
+                            T.wgmma_gemm(
+                                acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow
+                            )
+                            T.wait_wgmma(1)  # the scores; PV may still run
+                        else:
+                            T.wait_wgmma(0)
+                        T.warpgroup_fence_operand(acc_s, num_regs=score_regs)
+                        new_row_max(acc_s, row_max, row_max_prev, row_rescale)
+                        probabilities(acc_s, row_max)
+                        T.reduce_sum(acc_s, row_sum, dim=1)
+                        for i in T.Parallel(block_m):
+                            row_denom[i] = row_denom[i] * row_rescale[i] + row_sum[i]
+                        T.wait_wgmma(0)
+                        T.warpgroup_fence_operand(acc_o, num_regs=out_regs)
+                        # O holds blocks up to s - 1 now: rescale it to this block's row max.
+                        for i, j in T.Parallel(block_m, dim):
+                            acc_o[i, j] *= row_rescale[i]
+                        T.copy(acc_s, acc_s_cast)
+                    else:
+                        T.wgmma_gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+                        T.wait_wgmma(0)
+                        T.warpgroup_fence_operand(acc_o, num_regs=out_regs)
+            else:
+                for step in T.Pipelined(loop_end - loop_start, num_stages=num_stages):
+                    k = loop_start + step
+                    T.copy(rows(K, bz, by // groups, k * block_n, block_n), K_shared)
+                    init_scores(acc_s, bx, k)
+                    T.gemm(
+                        Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow
+                    )
+                    T.copy(rows(V, bz, by // groups, k * block_n, block_n), V_shared)
+                    new_row_max(acc_s, row_max, row_max_prev, row_rescale)
+                    for i, j in T.Parallel(block_m, dim):
+                        acc_o[i, j] *= row_rescale[i]
+                    probabilities(acc_s, row_max)
+                    T.copy(acc_s, acc_s_cast)
+                    T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+                    T.reduce_sum(acc_s, row_sum, dim=1)
+                    for i in T.Parallel(block_m):
+                        row_denom[i] = row_denom[i] * row_rescale[i] + row_sum[i]
             for i, j in T.Parallel(block_m, dim):
                 acc_o[i, j] /= row_denom[i]
             T.copy(acc_o, rows(O, bz, by, bx * block_m, block_m))
