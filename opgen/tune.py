@@ -36,8 +36,10 @@ SEARCH_SPACE = {
     "num_stages": (1, 2),
 }
 PHASE_SPACE = {"fwd": {"overlap": (False, True)}, "bwd": {}}
-# The shape a head dim is timed at when no [bench] shape has that head dim.
+# The shape a head dim is timed at when no [bench] shape has that head dim; a GQA spec's is
+# grouped, so that its backward is timed with the dK/dV reduction grouped calls use.
 DEFAULT_SHAPE = {"batch": 4, "heads": 16, "kv_heads": 16, "seq_len": 4096}
+DEFAULT_GQA_SHAPE = {"batch": 2, "heads": 32, "kv_heads": 8, "seq_len": 4096}
 MARKER = "# tuned by opgen tune"
 
 
@@ -99,12 +101,12 @@ def candidates(spec: Any, phases: Iterable[str] = TUNED_PHASES,
 
 def tune_shape(spec: Any, dim: int) -> dict[str, int]:
     """batch, heads, kv_heads, seq_len a head dim is timed at: its first [bench] shape's, else
-    DEFAULT_SHAPE."""
+    DEFAULT_GQA_SHAPE (attention.gqa) or DEFAULT_SHAPE."""
     for shape in spec.bench.shapes:
         if shape.head_dim == dim:
             return {"batch": shape.batch, "heads": shape.heads,
                     "kv_heads": shape.kv_heads or shape.heads, "seq_len": shape.seq_len}
-    return dict(DEFAULT_SHAPE)
+    return dict(DEFAULT_GQA_SHAPE if spec.attention.gqa else DEFAULT_SHAPE)
 
 
 def compile_job(spec: Any, plan: Any, candidate: Candidate) -> CompileJob:

@@ -38,7 +38,9 @@ SCAFFOLDS = {
         "sliding_window": True, "dkv": "atomic", "windows": [16, 700],
         "shapes": [(2, 4, 4, 1000), (1, 8, 2, 1000), (1, 8, 1, 333)],
         "bench_dtype": "bfloat16",
-        "bench": [(2, 32, 8, 4096, 128, True, None), (2, 32, 8, 4096, 128, True, 1024)],
+        # The last: gpt-oss's attention (64 query / 8 KV heads, head_dim 64, window 128).
+        "bench": [(2, 32, 8, 4096, 128, True, None), (2, 32, 8, 4096, 128, True, 1024),
+                  (1, 64, 8, 4096, 64, True, 128)],
     },
     "gqa": {
         "title": "grouped-query attention with deterministic (split) dK/dV",
