@@ -2,8 +2,9 @@
 the fastest into the spec as [[tiling.tuned]], so that the build stays deterministic and the
 choice is committed and reviewed.
 
-The search space per phase is SEARCH_SPACE and PHASE_SPACE (every combination), filtered by the rules the spec's
-own tilings obey (shared memory at that head dim, warpgroup layout) and by the CPU compile check;
+The search space per phase is SEARCH_SPACE and PHASE_SPACE (every combination), filtered by the
+rules the spec's own tilings obey (shared memory at that head dim, warpgroup layout, the
+overlapped forward's threads and pipeline) and by the CPU compile check;
 on a GPU each remaining candidate is checked against the package's reference at the tune shape
 before it is timed. Selection (pick_winners) and the spec edit (write_tuned) are pure functions.
 """
@@ -48,7 +49,7 @@ class Candidate:
     head_dim: int
     causal: bool
     phase: str  # fwd | bwd
-    tiling: tuple[tuple[str, int], ...]  # (key, value) pairs, as the phase's tiling model dumps them
+    tiling: tuple[tuple[str, int], ...]  # (key, value) pairs as its tiling model dumps them
 
     @property
     def variant(self) -> tuple[int, bool, str]:

@@ -57,6 +57,7 @@ HeadDim = Annotated[int, Field(ge=16, le=256, multiple_of=16)]
 Keep = Literal["save", "recompute"]
 LAYOUT_DIMS = {"bshd": "[batch, seq_len, heads, head_dim]", "bhsd": "[batch, heads, seq_len, head_dim]"}
 
+
 class FwdTiling(GemmTiling):
     """The forward's tiling: GemmTiling plus the schedule of its key loop."""
 

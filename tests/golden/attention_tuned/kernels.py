@@ -246,9 +246,8 @@ def attention_tuned_fwd(
             loop_start = T.max(T.floordiv(bx * block_m - window + 1, block_n), 0) if window else 0
             if overlap:
                 n = loop_end - loop_start
-                T.clear(
-                    acc_s_cast
-                )  # read by no GEMM before step 1 writes it; cleared for the checker
+                # First read at step 1, after step 0 wrote it: cleared for the read-before-write check.
+                T.clear(acc_s_cast)
                 # Step s issues the scores of key block s and the PV product of block s - 1: one
                 # step more than blocks (step 0 has no PV, step n no scores).
                 for step in T.Pipelined(n + 1, num_stages=num_stages):
