@@ -316,7 +316,8 @@ def warpgroup_problems(tiling: GemmTiling) -> Iterator[tuple[str, str]]:
 
 def overlap_problems(tiling: GemmTiling) -> Iterator[tuple[str, str]]:
     """(key, problem) of an overlapped forward outside what it was built and checked for: two
-    consumer warpgroups (each issues its own async GEMMs) fed by a TMA pipeline."""
+    consumer warpgroups (each issues its own async GEMMs) fed by a TMA pipeline. A bwd tiling
+    (no overlap key) has none."""
     if getattr(tiling, "overlap", False) and (tiling.threads != 256 or tiling.num_stages < 1):
         yield ".overlap", (
             "overlap = true needs threads = 256 and num_stages >= 1 (two consumer warpgroups "
@@ -339,9 +340,13 @@ def tiles_fit_shared_memory(spec: Spec):
 
 def tiles_fill_warpgroups(spec: Spec):
     for phase in TUNED_PHASES:
-        tiling = getattr(spec.tiling, phase)
-        for key, problem in [*warpgroup_problems(tiling), *overlap_problems(tiling)]:
+        for key, problem in warpgroup_problems(getattr(spec.tiling, phase)):
             yield f"tiling.{phase}{key}", problem
+
+
+def fwd_overlap_fits(spec: Spec):
+    for key, problem in overlap_problems(spec.tiling.fwd):
+        yield f"tiling.fwd{key}", problem
 
 
 def tuned_tilings_fit(spec: Spec):
@@ -379,6 +384,7 @@ RULES = (
     bench_head_dims_built,
     tiles_fit_shared_memory,
     tiles_fill_warpgroups,
+    fwd_overlap_fits,
     tuned_tilings_fit,
 )
 
