@@ -1,0 +1,116 @@
+"""rmsnorm's fwd and bwd kernels at other tilings, alone (CUDA events), next to eager, at the three
+shapes of issue 11 (4096x8192, 16384x4096, 65536x1024, bf16): which block_rows / block_channels /
+threads a spec change alone would buy before the backward is rewritten (run 40: the shipped bwd
+runs 128 blocks of 32 rows at 4096 rows, 0.48 waves). Every tiling is checked against the shipped
+one's output first. On the H200: `python docs/profiling/rmsnorm_tiling_probe.py` (~2 min: the
+kernels build in threads first)."""
+import itertools
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.getcwd())
+import tilelang
+import torch
+import torch.nn.functional as F
+
+A = __import__("generated.rmsnorm.autograd", fromlist=["x"])
+K = __import__("generated.rmsnorm.kernels", fromlist=["x"])
+SHAPES = [(4096, 8192), (16384, 4096), (65536, 1024)]
+FWD = [dict(block_rows=r, block_channels=c, threads=t)
+       for r, c, t in itertools.product((1, 2, 4, 8), (512, 1024, 2048), (128, 256))
+       if 1 <= r * c // t <= 64 and c <= 8192]
+BWD = [dict(block_rows=r, block_channels=c, threads=t)
+       for r, c, t in itertools.product((4, 8, 16, 32), (1024, 2048), (128, 256))
+       if 1 <= c // t <= 64]
+T0 = time.perf_counter()
+
+
+def job(factory, args, tiling):
+    return A.kernel_key(factory, args, tiling), factory, factory.get_tir(*args, **tiling)
+
+
+def compile_one(factory, prim):
+    try:
+        return A.entry_point(tilelang.compile(prim, out_idx=factory.out_idx,
+                                              execution_backend=factory.execution_backend,
+                                              target=factory.target))
+    except Exception as exc:  # a tiling that does not build is reported, the rest still run
+        return f"{type(exc).__name__}: {str(exc).splitlines()[-1][:120]}"
+
+
+calls = []
+for rows, cols in SHAPES:
+    calls += [(K.rmsnorm_fwd, (cols, "bfloat16", "bfloat16", A.EPS, True), t) for t in FWD]
+    calls += [(K.rmsnorm_bwd, (cols, "bfloat16", "bfloat16", A.EPS, True, "atomic"), t) for t in BWD]
+jobs = {}
+for factory, args, tiling in calls:
+    try:
+        key, f, prim = job(factory, args, tiling)
+        jobs.setdefault(key, (f, prim))
+    except Exception as exc:
+        print("NO TIR", factory.__name__ if hasattr(factory, "__name__") else factory, args, tiling,
+              str(exc).splitlines()[-1][:120])
+with ThreadPoolExecutor(16) as pool:
+    built = dict(zip(jobs, pool.map(lambda j: compile_one(*j), jobs.values())))
+for key, entry in built.items():
+    if isinstance(entry, str):
+        print("BUILD FAILED", key[1:], entry)
+    else:
+        A.KERNELS[key] = entry
+print(f"built {len(built)} kernels in {time.perf_counter() - T0:.0f} s", flush=True)
+
+
+def ms(fn, n=20):
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n
+
+
+shipped_fwd, shipped_bwd = dict(A.FWD_TILING), dict(A.BWD_TILING)
+for rows, cols in SHAPES:
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    y0, rstd = A.run_forward(x, w, True)
+    dx0, dw0 = A.run_backward(x, rstd, w, dy, "atomic")
+    moved_fwd, moved_bwd = 2 * rows * cols * 2, 2 * rows * cols * 3  # bytes of x, y / x, dy, dx
+    xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ye = F.rms_norm(xe, (cols,), we, A.EPS)
+    print(f"\n# {rows}x{cols}: eager fwd {ms(lambda: F.rms_norm(x, (cols,), w, A.EPS)):.3f} ms, "
+          f"bwd {ms(lambda: torch.autograd.grad(ye, (xe, we), dy, retain_graph=True)):.3f} ms")
+    for phase, tilings in (("fwd", FWD), ("bwd", BWD)):
+        rows_out = []
+        for t in tilings:
+            setattr(A, f"{phase.upper()}_TILING", t)
+            try:
+                if phase == "fwd":
+                    y, r = A.run_forward(x, w, True)
+                    ok = (y.float() - y0.float()).abs().max().item() < 0.05
+                    fn = lambda: A.run_forward(x, w, True)
+                    moved = moved_fwd
+                else:
+                    dx, dw = A.run_backward(x, rstd, w, dy, "atomic")
+                    ok = ((dx.float() - dx0.float()).abs().max().item() < 0.05
+                          and (dw.float() - dw0.float()).abs().max().item() < 0.05 * dw0.float().abs().max().item() + 0.05)
+                    fn = lambda: A.run_backward(x, rstd, w, dy, "atomic")
+                    moved = moved_bwd
+                t_ms = ms(fn)
+                rows_out.append((t_ms, t, ok, moved / t_ms / 1e6))
+            except Exception as exc:
+                print(f"  {phase} {t}: failed {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+        setattr(A, "FWD_TILING", shipped_fwd)
+        setattr(A, "BWD_TILING", shipped_bwd)
+        for t_ms, t, ok, gbs in sorted(rows_out, key=lambda r: r[0])[:6]:
+            mark = " (shipped)" if t == (shipped_fwd if phase == "fwd" else shipped_bwd) else ""
+            print(f"  {phase} {t}: {t_ms:.3f} ms, {gbs:.0f} GB/s{'' if ok else ' WRONG'}{mark}", flush=True)
+        shipped = [r for r in rows_out if r[1] == (shipped_fwd if phase == "fwd" else shipped_bwd)]
+        if shipped:
+            print(f"  {phase} shipped: {shipped[0][0]:.3f} ms, {shipped[0][3]:.0f} GB/s")
+print(f"done in {time.perf_counter() - T0:.0f} s")
