@@ -5,6 +5,8 @@
 #      probe kernel of runs 31/36 except one clear, never run as the template's): correctness
 #      at odd lengths against the committed forward and speed, ~1 min:
 #        source .gpu/env.sh && python docs/profiling/fwd_schedule_probe.py > $OUT/fwd.log 2>&1
+#      and the backward overlap prototype with its accumulators now fenced (run 36 gave a wrong
+#      dK at GQA S333; ~45 s): python docs/profiling/bwd_schedule_probe.py > $OUT/bwd.log 2>&1
 #   2. opgen tune of each spec, now with the overlap candidates (168, ~3.5 min each); each
 #      writes [[tiling.tuned]] into the spec (copied to $OUT):
 #        source .gpu/env.sh && bash docs/profiling/next_gpu_run.sh tune attention
