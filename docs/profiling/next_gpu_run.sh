@@ -21,8 +21,8 @@
 #        bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink attention_tuned
 #        bash docs/profiling/next_gpu_run.sh bench attention gqa attention_sink
 #      (ncu of the kernels: bash docs/profiling/next_gpu_run.sh ncu attention full gqa causal)
-#   4. rmsnorm's tilings at issue 11's three shapes, kernels alone, ~2 min (what a spec change
-#      alone buys before its backward is rewritten):
+#   4. rmsnorm's tilings at issue 11's three shapes, kernels alone, ~2-3 min (what a spec change
+#      alone buys), and the rows-in-flight backward prototype (rmsnorm_bwd_rows.py, never run):
 #        python docs/profiling/rmsnorm_tiling_probe.py > $OUT/rmsnorm.log 2>&1
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."

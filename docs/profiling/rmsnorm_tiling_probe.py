@@ -2,8 +2,9 @@
 shapes of issue 11 (4096x8192, 16384x4096, 65536x1024, bf16): which block_rows / block_channels /
 threads a spec change alone would buy before the backward is rewritten (run 40: the shipped bwd
 runs 128 blocks of 32 rows at 4096 rows, 0.48 waves). Every tiling is checked against the shipped
-one's output first. On the H200: `python docs/profiling/rmsnorm_tiling_probe.py` (~2 min: the
-kernels build in threads first)."""
+one's output first; then the rows-in-flight backward prototype (rmsnorm_bwd_rows.py) the same
+way. On the H200: `python docs/profiling/rmsnorm_tiling_probe.py` (~2-3 min: the kernels build
+in threads first)."""
 import itertools
 import os
 import sys
@@ -11,9 +12,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.join(os.getcwd(), "docs", "profiling"))
 import tilelang
 import torch
 import torch.nn.functional as F
+
+from rmsnorm_bwd_rows import rmsnorm_bwd_rows
 
 A = __import__("generated.rmsnorm.autograd", fromlist=["x"])
 K = __import__("generated.rmsnorm.kernels", fromlist=["x"])
@@ -24,6 +28,19 @@ FWD = [dict(block_rows=r, block_channels=c, threads=t)
 BWD = [dict(block_rows=r, block_channels=c, threads=t)
        for r, c, t in itertools.product((4, 8, 16, 32), (1024, 2048), (128, 256))
        if 1 <= c // t <= 64]
+# The prototype: (block_rows, block_channels, threads, rows_in_flight); its shared memory (the
+# staged rows of x and dy, w and the dw sums) must fit 227 KB at the shape's C.
+ROWS = [(8, 1024, 256, 4), (16, 1024, 256, 4), (16, 2048, 256, 4), (32, 1024, 256, 8),
+        (16, 1024, 128, 4), (32, 2048, 256, 8)]
+
+
+def rows_fit(cols, t):
+    block_rows, block_channels, threads, group = t
+    width = -(-cols // block_channels) * block_channels
+    return (2 * group * width * 2 + 2 * width * 4 <= 220 * 1024
+            and group * block_channels // threads <= 64)
+
+
 T0 = time.perf_counter()
 
 
@@ -44,6 +61,11 @@ calls = []
 for rows, cols in SHAPES:
     calls += [(K.rmsnorm_fwd, (cols, "bfloat16", "bfloat16", A.EPS, True), t) for t in FWD]
     calls += [(K.rmsnorm_bwd, (cols, "bfloat16", "bfloat16", A.EPS, True, "atomic"), t) for t in BWD]
+proto = {}
+for rows, cols in SHAPES:
+    for t in ROWS:
+        if rows_fit(cols, t):
+            proto[cols, t] = rmsnorm_bwd_rows.get_tir(cols, "bfloat16", "bfloat16", A.EPS, *t)
 jobs = {}
 for factory, args, tiling in calls:
     try:
@@ -54,6 +76,8 @@ for factory, args, tiling in calls:
               str(exc).splitlines()[-1][:120])
 with ThreadPoolExecutor(16) as pool:
     built = dict(zip(jobs, pool.map(lambda j: compile_one(*j), jobs.values())))
+    proto_built = dict(zip(proto, pool.map(lambda p: compile_one(rmsnorm_bwd_rows, p),
+                                           proto.values())))
 for key, entry in built.items():
     if isinstance(entry, str):
         print("BUILD FAILED", key[1:], entry)
@@ -113,4 +137,23 @@ for rows, cols in SHAPES:
         shipped = [r for r in rows_out if r[1] == (shipped_fwd if phase == "fwd" else shipped_bwd)]
         if shipped:
             print(f"  {phase} shipped: {shipped[0][0]:.3f} ms, {shipped[0][3]:.0f} GB/s")
+    for (c, t), entry in proto_built.items():
+        if c != cols:
+            continue
+        if isinstance(entry, str):
+            print(f"  bwd rows-in-flight {t}: build failed {entry}")
+            continue
+        dx, dw = torch.empty_like(x), torch.zeros(cols, device="cuda")
+
+        def call():
+            dw.zero_()
+            entry(x, rstd, w, dy, dx, dw)
+
+        call()
+        ok = ((dx.float() - dx0.float()).abs().max().item() < 0.05
+              and (dw - dw0.float()).abs().max().item() < 0.05 * dw0.float().abs().max().item() + 0.05)
+        t_ms = ms(call)
+        verdict = "" if ok else " WRONG"
+        print(f"  bwd rows-in-flight {t}: {t_ms:.3f} ms, {moved_bwd / t_ms / 1e6:.0f} GB/s"
+              f"{verdict} (dw zeroed in the call)", flush=True)
 print(f"done in {time.perf_counter() - T0:.0f} s")
