@@ -17,6 +17,7 @@ import tilelang
 import torch
 import torch.nn.functional as F
 
+from ncu_rmsnorm import ms
 from rmsnorm_bwd_rows import rmsnorm_bwd_rows
 
 A = __import__("generated.rmsnorm.autograd", fromlist=["x"])
@@ -84,17 +85,6 @@ for key, entry in built.items():
     else:
         A.KERNELS[key] = entry
 print(f"built {len(built)} kernels in {time.perf_counter() - T0:.0f} s", flush=True)
-
-
-def ms(fn, n=20):
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n
 
 
 shipped_fwd, shipped_bwd = dict(A.FWD_TILING), dict(A.BWD_TILING)
