@@ -156,14 +156,19 @@ def merged_entries(spec: Any, winners: dict[tuple[int, bool, str], Candidate]
     return entries
 
 
+def toml_value(value: int | bool) -> str:
+    """A tiling value as TOML writes it (a bool is `true`/`false`, not Python's `True`)."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
 def render_tuned(entries: dict[tuple[int, bool], dict[str, dict[str, int]]], comment: str) -> str:
     """[[tiling.tuned]] entries as TOML, sorted, under `comment`."""
     blocks = []
     for (dim, causal) in sorted(entries):
-        lines = ["[[tiling.tuned]]", f"head_dim = {dim}", f"causal = {'true' if causal else 'false'}"]
+        lines = ["[[tiling.tuned]]", f"head_dim = {dim}", f"causal = {toml_value(causal)}"]
         for phase in TUNED_PHASES:
             if (tiling := entries[dim, causal].get(phase)) is not None:
-                inline = ", ".join(f"{k} = {v}" for k, v in tiling.items())
+                inline = ", ".join(f"{k} = {toml_value(v)}" for k, v in tiling.items())
                 lines.append(f"{phase} = {{ {inline} }}")
         blocks.append("\n".join(lines) + "\n")
     return f"{comment}\n" + "\n".join(blocks)

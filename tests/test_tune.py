@@ -196,6 +196,18 @@ def test_writer_replaces_an_earlier_table():
     assert tune.write_tuned(once, {}, later) == SPEC_TEXT
 
 
+def test_writer_writes_an_overlapped_winner_as_toml():
+    # A candidate's tiling holds overlap as a Python bool; the spec needs TOML's `true`.
+    overlapped = tune._as_candidate(128, True, "fwd", {"block_m": 128, "block_n": 128,
+                                                        "threads": 256, "num_stages": 2,
+                                                        "overlap": True})
+    spec = spec_of(SPEC_TEXT)
+    text = tune.write_tuned(SPEC_TEXT, tune.merged_entries(spec, {overlapped.variant: overlapped}),
+                            COMMENT)
+    assert "num_stages = 2, overlap = true }" in text and "True" not in text
+    assert spec_of(text).tiling.tuned[0].fwd.overlap is True
+
+
 def test_merged_entries_keep_phases_not_tuned():
     spec = spec_of(tune.write_tuned(SPEC_TEXT, WINNERS, COMMENT))
     new_fwd = tune._as_candidate(128, True, "fwd", {"block_m": 128, "block_n": 32, "threads": 256,
