@@ -61,7 +61,8 @@ def test_minimal_spec_loads_every_default(project):
     assert spec.tiling.bwd == DEFAULT_TILING["bwd"]
     assert spec.test.shapes == ((3, 333, 77), (37, 5000), (4097,), (65, 8192))
     assert spec.bench.dtype == "bfloat16"
-    assert [(s.rows, s.channels) for s in spec.bench.shapes] == [(16384, 4096)]
+    assert [(s.rows, s.channels) for s in spec.bench.shapes] == [(16384, 4096), (4096, 8192),
+                                                                 (65536, 1024)]
 
 
 def test_shipped_spec_is_the_defaults(project):
@@ -81,8 +82,8 @@ def same_but_tolerance_tables(a: Spec, b: Spec) -> bool:
 
 def test_partial_tiling_override_keeps_the_other_defaults(project):
     p = plan_of(project, MINIMAL + "[tiling.bwd]\nblock_rows = 64\n")
-    assert p.kernels["bwd"].tiling == {"block_rows": 64, "block_channels": 2048, "threads": 256}
-    assert p.kernels["fwd"].tiling == {"block_rows": 4, "block_channels": 1024, "threads": 256}
+    assert p.kernels["bwd"].tiling == {"block_rows": 64, "block_channels": 1024, "threads": 256}
+    assert p.kernels["fwd"].tiling == {"block_rows": 1, "block_channels": 1024, "threads": 128}
 
 
 # --- invalid specs through load_plan: field paths and messages ------------------------------------
@@ -123,15 +124,16 @@ def test_field_errors(project, text, field, fragment):
 @pytest.mark.parametrize(
     "text, field, fragment",
     [
-        ("[tiling.fwd]\nblock_rows = 1\nblock_channels = 128\n", "tiling.fwd.block_channels",
-         "block_rows x block_channels must be at least threads (256)"),
+        ("[tiling.fwd]\nblock_rows = 1\nblock_channels = 64\n", "tiling.fwd.block_channels",
+         "block_rows x block_channels must be at least threads (128)"),
         ("[tiling.bwd]\nblock_channels = 16384\nthreads = 128\n", "tiling.bwd.block_channels",
          "must be at most 64 x threads (8192)"),
-        ("[rmsnorm]\nmax_channels = 6000\n", "test.shapes.3",
+        ("[rmsnorm]\nmax_channels = 6000\n[bench]\nshapes = [{ rows = 64, channels = 4096 }]\n",
+         "test.shapes.3",
          "last dim (C) must be at most rmsnorm.max_channels (6000) (got 8192)"),
         ("[test]\nshapes = [[3, 2048]]\n", "test.shapes", "not a multiple of 1024"),
         ("[test]\nshapes = [[64, 77]]\n", "test.shapes", "rows (elements / last dim) are not a "
-         "multiple of 4"),
+         "multiple of 16"),
         ("[test]\nshapes = []\n", "test.shapes", "at least one shape"),
         ("[bench]\nshapes = []\n", "bench.shapes", "at least one shape"),
         ("[bench]\nshapes = [{ rows = 2, channels = 16385 }]\n", "bench.shapes.0.channels",
@@ -147,12 +149,13 @@ def test_consistency_errors(project, text, field, fragment):
 
 
 def test_max_channels_names_the_phase_over_the_limit(project):
-    # bwd: 12 bytes per channel at fp16 (x, dy; w and dw in fp32), fwd: 4 rows x 2 bytes.
+    # bwd: 12 bytes per channel at fp16 (x, dy; w and dw in fp32), fwd: block_rows rows x 2 bytes.
     found = problems(project, MINIMAL + "[rmsnorm]\nmax_channels = 20000\n")
     assert [f for f, _ in found] == ["rmsnorm.max_channels"]
     assert found[0][1].startswith("the bwd kernel stages a row of x and dy, and w and dw in fp32 "
                                   "in shared memory: 247808 bytes at C = 20000")
-    found = problems(project, MINIMAL + "[rmsnorm]\nmax_channels = 32768\n")
+    found = problems(project, MINIMAL + "[rmsnorm]\nmax_channels = 32768\n"
+                     "[tiling.fwd]\nblock_rows = 4\nthreads = 256\n")
     assert [m.split(":")[0] for _, m in found] == [
         "the fwd kernel stages its block_rows rows of x in shared memory",
         "the bwd kernel stages a row of x and dy, and w and dw in fp32 in shared memory",
@@ -203,7 +206,7 @@ def test_plan_kernels(project):
     assert [k.tiling_name for k in p.kernels.values()] == ["FWD_TILING", "BWD_TILING"]
     assert all(k.out_idx is None for k in p.kernels.values())
     assert all(k.grid == "(ceildiv(rows, block_rows),)" for k in p.kernels.values())
-    assert p.kernels["bwd"].tiling == {"block_rows": 32, "block_channels": 2048, "threads": 256}
+    assert p.kernels["bwd"].tiling == {"block_rows": 16, "block_channels": 1024, "threads": 256}
 
 
 @pytest.mark.parametrize("dw, alloc, tested", [("atomic", "torch.zeros", ("atomic", "split")),
@@ -238,11 +241,11 @@ def test_matrix_and_padding():
 
 def test_shared_bytes():
     fwd, bwd = DEFAULT_TILING["fwd"].model_dump(), DEFAULT_TILING["bwd"].model_dump()
-    # fwd: 4 rows of x (fp16) plus an fp32 rstd each, and the reduction's 256 x 4-byte workspace.
-    assert shared_bytes("fwd", fwd, 77, 2) == 4 * (1024 * 2 + 4) + 1024
+    # fwd: 1 row of x (fp16) plus its fp32 rstd, and the reduction's 128 x 4-byte workspace.
+    assert shared_bytes("fwd", fwd, 77, 2) == 1 * (1024 * 2 + 4) + 512
     # bwd: one row of x and dy (fp16), w and dw (fp32), two workspaces: 12 bytes a channel.
     assert shared_bytes("bwd", bwd, 4096, 2) == 4096 * 12 + 2048
-    assert shared_bytes("bwd", bwd, 4097, 2) == 6144 * 12 + 2048
+    assert shared_bytes("bwd", bwd, 4097, 2) == 5120 * 12 + 2048  # C padded to 1024-chunks
     assert shared_bytes("bwd", bwd, 16384, 2) <= SM90_SMEM_LIMIT < shared_bytes("bwd", bwd, 20000, 2)
 
 
@@ -261,11 +264,11 @@ def test_plan_test_cases_and_tail_case(project):
 def test_plan_compile_jobs(project):
     p = plan_of(project)
     labels = [j.label for j in p.compile_jobs]
-    # Per dtype: fwd x {recompute, save}, bwd x {recompute, save} x {atomic, split}; + the bench
-    # pair; + the pair at C = max_channels.
-    assert len(labels) == 2 * (2 + 4) + 2 + 2
+    # Per dtype: fwd x {recompute, save}, bwd x {recompute, save} x {atomic, split}; + a pair
+    # per bench shape (C 4096, 8192, 1024); + the pair at C = max_channels.
+    assert len(labels) == 2 * (2 + 4) + 3 * 2 + 2
     assert "bwd bfloat16 C=77 rstd=save dw=split" in labels
-    assert labels[-4:] == ["fwd bfloat16 C=4096 rstd=save (bench)",
+    assert labels[-8:-6] + labels[-2:] == ["fwd bfloat16 C=4096 rstd=save (bench)",
                            "bwd bfloat16 C=4096 rstd=save dw=atomic (bench)",
                            "fwd float16 C=16384 rstd=save (max_channels)",
                            "bwd float16 C=16384 rstd=save dw=atomic (max_channels)"]
@@ -277,7 +280,7 @@ def test_plan_compile_jobs(project):
     split_only = plan_of(project, MINIMAL + '[rmsnorm]\nweight_dtype = "float32"\n'
                          '[grads.dw]\nreduction = "split"\n[saved]\nrstd = "recompute"\n')
     jobs = split_only.compile_jobs
-    assert len(jobs) == 2 * (2 + 2) + 2 + 2
+    assert len(jobs) == 2 * (2 + 2) + 3 * 2 + 2
     assert all("dw=atomic" not in j.label for j in jobs)
     assert jobs[1].args == (77, "float16", "float32", 1e-6, False, "split")
     assert jobs[-1].label == "bwd float16 C=16384 rstd=recompute dw=split (max_channels)"
@@ -286,8 +289,9 @@ def test_plan_compile_jobs(project):
 def test_plan_bench_bytes(project):
     p = plan_of(project)
     n = 16384 * 4096
-    (case,) = p.bench_cases
-    assert (case.rows, case.channels) == (16384, 4096)
+    case = p.bench_cases[0]
+    assert [(c.rows, c.channels) for c in p.bench_cases] == [(16384, 4096), (4096, 8192),
+                                                              (65536, 1024)]
     # fwd: x read, y written, w read (bf16); bwd: dy, x read, dx written, w read, dw written.
     assert (case.fwd_bytes, case.bwd_bytes) == (2 * 2 * n + 2 * 4096, 3 * 2 * n + 2 * 2 * 4096)
     assert weighted_bytes_moved(n, 4096, 2, 4) == (4 * n + 4 * 4096, 6 * n + 8 * 4096)
@@ -299,15 +303,15 @@ def test_explain_tables(project):
     assert set(tables) >= {"kernels", "saved for backward", "gradient reductions"}
     kernels = tables["kernels"]
     assert kernels[0] == ["factory", "phase", "grid", "tiling", "shared memory", "computes"]
-    assert kernels[1][2].endswith("= (4096,)") and kernels[2][2].endswith("= (512,)")
+    assert kernels[1][2].endswith("= (16384,)") and kernels[2][2].endswith("= (1024,)")
     assert kernels[2][4] == "50.0 KiB"
     dw = tables["gradient reductions"][2]
-    assert dw[:2] == ["dw", "atomic"] and dw[4] == "2097152 (512 per address)"
+    assert dw[:2] == ["dw", "atomic"] and dw[4] == "4194304 (1024 per address)"
     saved = {row[0]: row[1] for row in tables["saved for backward"][1:]}
     assert saved["rstd"] == "64.0 KiB"  # fp32 per row
     s = plan_of(project, MINIMAL + '[grads.dw]\nreduction = "split"\n[saved]\nrstd = "recompute"\n')
     tables = dict(explain(s, {"rows": 16384, "channels": 4096, "dtype": "bfloat16"}))
-    assert tables["gradient reductions"][2][3] == "8.0 MiB"  # 512 row blocks x 4096 fp32 partials
+    assert tables["gradient reductions"][2][3] == "16.0 MiB"  # 1024 row blocks x 4096 fp32 partials
     recomputed = [row for row in tables["saved for backward"][1:] if row[0] == "rstd"]
     assert recomputed == [["rstd", "64.0 KiB", "recomputed in backward from x"]]
 
