@@ -1,29 +1,25 @@
 #!/bin/bash
-# The GPU work session 9 left, one call each (the device allows 600 s per call; a machine's
-# start takes ~3 of the session's 30 minutes):
-#   1. The overlapped forward (`overlap = true`, new in the template; its CUDA equals the fa3
-#      probe kernel of runs 31/36 except one clear, never run as the template's): correctness
-#      at odd lengths against the committed forward and speed, ~1 min:
-#        source .gpu/env.sh && python docs/profiling/fwd_schedule_probe.py > $OUT/fwd.log 2>&1
-#      and the backward overlap prototype with its accumulators now fenced (run 36 gave a wrong
-#      dK at GQA S333; ~45 s): python docs/profiling/bwd_schedule_probe.py > $OUT/bwd.log 2>&1
-#   2. opgen tune of each spec, now with the overlap candidates (168, ~3.5 min each); each
-#      writes [[tiling.tuned]] into the spec (copied to $OUT):
-#        source .gpu/env.sh && bash docs/profiling/next_gpu_run.sh tune attention
-#        ... tune gqa, tune attention_sink
+# The GPU work session 10 left, one call each (the device allows 600 s per call; a machine's
+# start takes 1.5-2 of the session's 30 minutes):
+#   1. A lean eager autograd path for rmsnorm (run 47: a Function that looks both kernels up in
+#      the forward and only allocates, zeroes, launches and casts in the backward does fwd+bwd in
+#      163 us vs the package's 304-330 and eager's 145-155). After that template change (and the
+#      same structure in the other families' EagerFunction), the packages' tests and overhead rows:
+#        bash docs/profiling/next_gpu_run.sh tests rmsnorm scaled_silu matmul ...
+#        python docs/profiling/rmsnorm_host_probe.py > $OUT/host.log 2>&1
+#   2. The bwd of gqa / attention_sink at head_dim 64 was tuned at 16/16 heads (session 9): re-tune
+#      the backward at the grouped default shape, ~2 min each:
+#        TUNE_ARGS="--phases bwd" bash docs/profiling/next_gpu_run.sh tune gqa attention_sink
+#      (TUNE_ARGS passes options to `opgen tune`; TUNE_TIMEOUT caps each spec, default 540 s.)
 #      The GPU machine lacks typer and rich: first, on this machine, `bash
 #      docs/profiling/next_gpu_run.sh prep` copies them (and what they import) into .prof/site;
 #      carry .prof. On the GPU this script puts it on PYTHONPATH and links opgen/templates to
 #      templates/ (what `pip install -e .` maps).
-#   3. After `opgen build` of the tuned specs here (~7 min): the tests of the rebuilt packages
-#      and the attention_tuned golden tree (its (64, full) forward is overlapped), then (second
-#      call) the benches:
+#   3. After `opgen build` of what changed: the tests, then (second call) the benches:
 #        bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink attention_tuned
-#        bash docs/profiling/next_gpu_run.sh bench attention gqa attention_sink
-#      (ncu of the kernels: bash docs/profiling/next_gpu_run.sh ncu attention full gqa causal)
-#   4. rmsnorm's tilings at issue 11's three shapes, kernels alone, ~2-3 min (what a spec change
-#      alone buys), and the rows-in-flight backward prototype (rmsnorm_bwd_rows.py, never run):
-#        python docs/profiling/rmsnorm_tiling_probe.py > $OUT/rmsnorm.log 2>&1
+#        bash docs/profiling/next_gpu_run.sh bench attention gqa attention_sink rmsnorm
+#      (ncu of the kernels: bash docs/profiling/next_gpu_run.sh ncu attention full gqa causal;
+#      the gpt-oss shape's backward, 1.36x FlexAttention, is not profiled yet.)
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
@@ -42,9 +38,9 @@ L=${OUT:-.}/next_gpu_run.log
 start=$(date +%s)
 if [ "$what" = tune ]; then
   for s in "$@"; do
-    echo "=== [$(( $(date +%s) - start )) s] opgen tune specs/$s.toml -j 16" >> $L
+    echo "=== [$(( $(date +%s) - start )) s] opgen tune specs/$s.toml -j 16 $TUNE_ARGS" >> $L
     # The whole log straight into $OUT: a call that runs out of time still brings it back.
-    timeout 540 python -c "from opgen.cli import app; app()" tune specs/$s.toml -j 16 > ${OUT:-.}/tune-$s.log 2>&1
+    timeout ${TUNE_TIMEOUT:-540} python -c "from opgen.cli import app; app()" tune specs/$s.toml -j 16 $TUNE_ARGS > ${OUT:-.}/tune-$s.log 2>&1
     echo "rc=$?" >> $L
     grep -E "fastest|wrong|failed|candidate|wrote|Error| ms$" ${OUT:-.}/tune-$s.log >> $L
     cp specs/$s.toml ${OUT:-.}/$s.toml
