@@ -4,7 +4,6 @@ import io
 import os
 import pstats
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -14,20 +13,11 @@ OUT = os.environ.get("OUT", ".")
 from generated.attention.autograd import attention  # noqa: E402
 from generated.rmsnorm.autograd import rmsnorm  # noqa: E402
 
-
-def per_call(fn, n=300):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
+from host_timing import per_call  # noqa: E402
 
 
 def report(name, fn):
-    print(f"{name:55s} {per_call(fn):9.1f} us/call", flush=True)
+    print(f"{name:55s} {per_call(fn, n=300, rounds=1, warmup=20):9.1f} us/call", flush=True)
 
 
 dev = "cuda"

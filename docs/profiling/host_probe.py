@@ -15,19 +15,7 @@ from generated.rmsnorm import autograd as ra  # noqa: E402
 
 BACKEND = os.environ.get("TILELANG_EXECUTION_BACKEND", "auto")
 
-
-def per_call(fn, n=400):
-    for _ in range(30):
-        fn()
-    torch.cuda.synchronize()
-    best = 1e9
-    for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / n * 1e6)
-    return best
+from host_timing import per_call  # noqa: E402
 
 
 def report(name, fn):

@@ -4,31 +4,14 @@ import cProfile
 import os
 import pstats
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.getcwd())
 from generated.rmsnorm import autograd as ra  # noqa: E402
 from generated.matmul import autograd as ma  # noqa: E402
-
-
-def per_call(fn, n=400):
-    for _ in range(30):
-        fn()
-    torch.cuda.synchronize()
-    best = 1e9
-    for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / n * 1e6)
-    return best
-
-
-def report(name, fn):
-    print(f"{name:60s} {per_call(fn):8.1f} us", flush=True)
+from host_timing import NullFunction as Null  # noqa: E402
+from host_timing import report  # noqa: E402
 
 
 dt = torch.bfloat16
@@ -78,18 +61,6 @@ report("matmul public fwd+bwd", lambda: torch.autograd.grad(ma.matmul(a, b, None
 report("matmul check_inputs", lambda: ma.check_inputs(a, b, None))
 report("matmul run_forward", lambda: ma.run_forward(a.detach(), b.detach(), None))
 print("matmul KERNELS:", len(ma.KERNELS), [type(v).__name__ for v in ma.KERNELS.values()], flush=True)
-
-
-class Null(torch.autograd.Function):
-    """The autograd machinery alone: a Python Function whose phases launch nothing."""
-
-    @staticmethod
-    def forward(ctx, x, w):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None
 
 
 report("null autograd.Function fwd", lambda: Null.apply(x, w))

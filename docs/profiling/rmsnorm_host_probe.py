@@ -5,31 +5,18 @@ bf16, then torch.profiler (CPU, every thread: the backward runs on autograd's de
 the public fwd+bwd: `python docs/profiling/rmsnorm_host_probe.py`."""
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.getcwd())
 from generated.rmsnorm import autograd as ra  # noqa: E402
-
-
-def per_call(fn, n=400):
-    for _ in range(30):
-        fn()
-    torch.cuda.synchronize()
-    best = 1e9
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / n * 1e6)
-    return best
+from host_timing import NullFunction as Null  # noqa: E402
+from host_timing import report as host_report  # noqa: E402
 
 
 def report(name, fn):
-    print(f"{name:64s} {per_call(fn):8.1f} us", flush=True)
+    host_report(name, fn, width=64, rounds=5)
 
 
 dt = torch.bfloat16
@@ -43,16 +30,6 @@ torch.cuda.synchronize()
 _, rstd = ra.run_forward(xd, wd, True)
 y = ra.rmsnorm(x, w)
 ye = F.rms_norm(x, (1024,), w, 1e-6)
-
-
-class Null(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None
 
 
 class BackwardOnly(torch.autograd.Function):
