@@ -268,10 +268,11 @@ def test_plan_compile_jobs(project):
     # per bench shape (C 4096, 8192, 1024); + the pair at C = max_channels.
     assert len(labels) == 2 * (2 + 4) + 3 * 2 + 2
     assert "bwd bfloat16 C=77 rstd=save dw=split" in labels
-    assert labels[-8:-6] + labels[-2:] == ["fwd bfloat16 C=4096 rstd=save (bench)",
-                           "bwd bfloat16 C=4096 rstd=save dw=atomic (bench)",
-                           "fwd float16 C=16384 rstd=save (max_channels)",
-                           "bwd float16 C=16384 rstd=save dw=atomic (max_channels)"]
+    assert labels[-8:-6] + labels[-2:] == [
+        "fwd bfloat16 C=4096 rstd=save (bench)",
+        "bwd bfloat16 C=4096 rstd=save dw=atomic (bench)",
+        "fwd float16 C=16384 rstd=save (max_channels)",
+        "bwd float16 C=16384 rstd=save dw=atomic (max_channels)"]
     fwd = p.compile_jobs[0]  # the row count is symbolic: not an argument
     assert fwd.factory == "x_fwd" and fwd.args == (77, "float16", "float16", 1e-6, False)
     assert fwd.tiling == p.kernels["fwd"].tiling
