@@ -437,7 +437,8 @@ def test_dw_atomics_one_per_block_and_channel(lowered):
     # The add sits inside the guard's block: no closing brace between them.
     assert re.search(r"if \(\(\(i_\d+ \* 256\) \+ \(\(int\)threadIdx\.x\)\) < 77\) \{[^}]*AtomicAdd", source), source
     # The rows loop runs over the block's existing rows only; the add comes after it.
-    rows_loop = source.index("for (int s = 0; s < min(32, (rows - (((int)blockIdx.x) * 32))); ++s)")
+    r = DEFAULT_TILING["bwd"].block_rows
+    rows_loop = source.index(f"for (int s = 0; s < min({r}, (rows - (((int)blockIdx.x) * {r}))); ++s)")
     assert source.index("AtomicAdd") > _block_end(source, rows_loop), source
 
 
@@ -455,8 +456,9 @@ def test_dw_split_stores_one_partial_per_block_and_channel(lowered):
 @pytest.mark.xdist_group("rmsnorm_compile")
 def test_fwd_spreads_every_chunk_over_all_threads(lowered):
     """See Note [row sums in shared memory] in kernels.py: a loop that read the reduced per-row
-    fragment would inherit its layout and run a whole 1024-channel chunk on 4 threads. Every loop
-    over the 4 x 1024 tile has 16 iterations per thread."""
+    fragment would inherit its layout and run a whole 1024-channel chunk on a few threads. Every
+    loop over the block_rows x 1024 tile has (tile elements / threads) iterations per thread."""
     source = lowered["fwd float16 C=77 rstd=save"]
     extents = [int(n) for n in re.findall(r"for \(int \w+ = 0; \w+ < (\d+); \+\+\w+\)", source)]
-    assert 1024 not in extents and max(extents) == 16, extents
+    t = DEFAULT_TILING["fwd"]
+    assert 1024 not in extents and max(extents) == t.block_rows * t.block_channels // t.threads, extents
