@@ -1,7 +1,7 @@
 """rmsnorm's fwd and bwd kernels at other tilings, alone (CUDA events), next to eager, at the three
 shapes of issue 11 (4096x8192, 16384x4096, 65536x1024, bf16): which block_rows / block_channels /
-threads a spec change alone would buy before the backward is rewritten (run 40: the shipped bwd
-runs 128 blocks of 32 rows at 4096 rows, 0.48 waves). Every tiling is checked against the shipped
+threads a spec change alone buys (run 40: the then shipped bwd ran 128 blocks of 32 rows at 4096
+rows, 0.48 waves; run 42 of this probe chose the defaults the package ships now). Every tiling is checked against the shipped
 one's output first; then the rows-in-flight backward prototype (rmsnorm_bwd_rows.py) the same
 way. On the H200: `python docs/profiling/rmsnorm_tiling_probe.py` (~2-3 min: the kernels build
 in threads first)."""
