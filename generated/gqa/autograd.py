@@ -466,16 +466,18 @@ def backward(ctx, do, _dlse, phases=OP_PHASES):
 forward_op.register_autograd(backward, setup_context=setup_context)
 
 
-# Eagerly on CUDA tensors the formula runs as a plain autograd.Function that calls the phases'
-# Python functions: the dispatch of a torch.library op costs more host time than its kernels take
-# at small shapes. torch.compile, torch.export, fake tensors and tensor subclasses take the ops.
+# Eagerly on CUDA tensors the formula runs as a plain autograd.Function: the dispatch of a
+# torch.library op costs more host time than its kernels take at small shapes. torch.compile,
+# torch.export, fake tensors and tensor subclasses take the ops.
 EAGER_PHASES = {"fwd": forward, "bwd": backward_phases}
 
 
 class EagerFunction(torch.autograd.Function):
-    # forward(ctx, ...) calls setup_context itself: with a separate setup_context, every apply()
-    # binds its arguments through inspect.signature (~30 us). Transforms (vmap, grad) need the
-    # separate one, and take the custom ops (see eager()).
+    """The custom ops' formula, calling the phases' Python functions.
+    forward(ctx, ...) does setup_context's work: with a separate setup_context, every apply()
+    binds its arguments through inspect.signature (~30 us). Transforms (vmap, grad) need the
+    separate one, and take the custom ops (see eager())."""
+
     @staticmethod
     def forward(ctx, *inputs):
         output = forward(*inputs)

@@ -77,26 +77,20 @@ def check_inputs(x, w):
         )
 
 
-def run_forward(x, w, save_sigmoid):
-    """The forward kernel: returns y and, with save_sigmoid, sigmoid(x) in fp32 (else None)."""
+def run_forward(x, w, save_sigmoid, plan=None):
+    """The forward kernel: returns y and, with save_sigmoid, sigmoid(x) in fp32 (else None).
+    plan: x's CallPlan, if at hand."""
     # Direct writes: every element is written once.
     y = torch.empty_like(x)
     s = torch.empty_like(x, dtype=torch.float32) if save_sigmoid else None
     if x.numel() == 0:
         return y, s  # empty work builds and launches no kernel
-    rows, cols = matrix_dims(x)
-    fwd = kernel(
-        scaled_silu_fwd,
-        WEIGHT,
-        None,
-        dim_dtype(cols),
-        DTYPE_NAMES[x.dtype],
-        DTYPE_NAMES[w.dtype],
-        save_sigmoid,
-        **FWD_TILING,
-    )
-    outputs = (y, s) if save_sigmoid else (y,)
-    fwd(x.view(rows, cols), w.view(-1), *(t.view(rows, cols) for t in outputs))
+    if plan is None:
+        plan = call_plan(x, w, save_sigmoid)
+    if save_sigmoid:
+        plan.fwd(plan.view(x), w.view(-1), plan.view(y), plan.view(s))
+    else:
+        plan.fwd(plan.view(x), w.view(-1), plan.view(y))
     return y, s
 
 
@@ -198,6 +192,68 @@ def on_device(t):
 CURRENT_DEVICE = contextlib.nullcontext()
 
 
+class CallPlan:
+    """What a call's metadata (x's shape, the dtypes, save_sigmoid) determines, worked out once
+    per distinct metadata: the [rows, cols] matrix the kernels see, the fwd kernel, and per dw
+    reduction the bwd kernel and its dw buffer's shape (on first use: inference builds no bwd).
+    At a small shape each lookup this saves costs more host time than the kernels take."""
+
+    __slots__ = ("matrix", "flat", "args", "fwd", "bwds")
+
+    def __init__(self, x, w, save_sigmoid):
+        rows, cols = self.matrix = matrix_dims(x)
+        # x is the matrix already: no view to make (a view costs ~2 us of host time).
+        self.flat = tuple(x.shape) == self.matrix
+        self.args = (
+            WEIGHT,
+            None,
+            dim_dtype(cols),
+            DTYPE_NAMES[x.dtype],
+            DTYPE_NAMES[w.dtype],
+            save_sigmoid,
+        )
+        self.fwd = kernel(scaled_silu_fwd, *self.args, **FWD_TILING)
+        self.bwds = {}
+
+    def view(self, t):
+        """t (x's shape) as the [rows, cols] matrix."""
+        return t if self.flat else t.view(self.matrix)
+
+    def bwd(self, reduction):
+        """(the bwd kernel, the shape of its fp32 dw buffer) for the dw reduction."""
+        found = self.bwds.get(reduction)
+        if found is None:
+            rows, cols = self.matrix
+            found = self.bwds[reduction] = (
+                kernel(scaled_silu_bwd, *self.args, reduction, **BWD_TILING),
+                dw_buffer(
+                    WEIGHT,
+                    reduction,
+                    rows,
+                    cols,
+                    BWD_TILING["block_rows"],
+                    BWD_TILING["block_cols"],
+                ),
+            )
+        return found
+
+
+# CallPlans by metadata. Bounded: a run over ever new shapes (a length sweep) starts it afresh.
+PLANS = {}
+MAX_PLANS = 4096
+
+
+def call_plan(x, w, save_sigmoid):
+    """The CallPlan of a non-empty x, w (made on first use of its metadata)."""
+    key = (x.shape, x.dtype, w.dtype, save_sigmoid)
+    found = PLANS.get(key)
+    if found is None:
+        if len(PLANS) >= MAX_PLANS:
+            PLANS.clear()
+        found = PLANS[key] = CallPlan(x, w, save_sigmoid)
+    return found
+
+
 def alloc_dw(x, reduction):
     """The fp32 dw buffer of the reduction (ALLOC: zeroed for atomic adds)."""
     rows, cols = matrix_dims(x)
@@ -209,31 +265,19 @@ def alloc_dw(x, reduction):
 
 def launch_backward(x, s, w, dy, dx, dw_out, reduction):
     """The bwd kernel into given buffers: dx (x's shape and dtype) and dw_out (from alloc_dw)."""
-    rows, cols = matrix_dims(x)
-    save_sigmoid = s is not None
-    bwd = kernel(
-        scaled_silu_bwd,
-        WEIGHT,
-        None,
-        dim_dtype(cols),
-        DTYPE_NAMES[x.dtype],
-        DTYPE_NAMES[w.dtype],
-        save_sigmoid,
-        reduction,
-        **BWD_TILING,
-    )
-    inputs = (x, s) if save_sigmoid else (x,)
-    bwd(
-        *(t.view(rows, cols) for t in inputs),
-        w.view(-1),
-        dy.view(rows, cols),
-        dx.view(rows, cols),
-        dw_out,
-    )
+    plan = call_plan(x, w, s is not None)
+    launch(plan, plan.bwd(reduction)[0], x, s, w, dy, dx, dw_out)
 
 
-def run_backward(x, s, w, dy, reduction):
-    """The backward: returns dx (x's dtype) and dw (w's shape and dtype)."""
+def launch(plan, bwd, x, s, w, dy, dx, dw_out):
+    """bwd, the plan's kernel, into dx and dw_out."""
+    inputs = (plan.view(x), plan.view(s)) if s is not None else (plan.view(x),)
+    bwd(*inputs, w.view(-1), plan.view(dy), plan.view(dx), dw_out)
+
+
+def run_backward(x, s, w, dy, reduction, plan=None):
+    """The backward: returns dx (x's dtype) and dw (w's shape and dtype). plan: the forward's
+    CallPlan, if at hand."""
     if x.numel() == 0:
         # Empty work builds and launches no kernel. Each gradient is a sum over no terms: zeros
         # of its input's shape (empty where the input is).
@@ -243,9 +287,12 @@ def run_backward(x, s, w, dy, reduction):
     if dy.dtype != x.dtype:
         dy = dy.to(x.dtype)
     dy = dense(dy)
+    if plan is None:
+        plan = call_plan(x, w, s is not None)
+    bwd, dw_shape = plan.bwd(reduction)
     dx = torch.empty_like(x)
-    buffer = alloc_dw(x, reduction)
-    launch_backward(x, s, w, dy, dx, buffer, reduction)
+    buffer = ALLOC[reduction](dw_shape, dtype=torch.float32, device=x.device)
+    launch(plan, bwd, x, s, w, dy, dx, buffer)
     # split: the per-block partials summed in a fixed order (deterministic).
     dw = buffer.sum(0) if reduction == "split" else buffer
     return dx, dw.view(w.shape).to(w.dtype)
@@ -300,13 +347,9 @@ def setup_context(ctx, inputs, output):
     ctx.dw_reduction = dw_reduction
 
 
-# The phase backward() calls: the custom op here, its Python function on the eager path.
-OP_PHASES = {"bwd": backward_op}
-
-
-def backward(ctx, dy, _ds, phases=OP_PHASES):
+def backward(ctx, dy, _ds):
     x, w, s = ctx.saved_tensors
-    dx, dw = phases["bwd"](x, s, w, dy, ctx.dw_reduction)
+    dx, dw = backward_op(x, s, w, dy, ctx.dw_reduction)
     # One gradient per forward input; None for save_sigmoid and dw_reduction.
     return dx, dw, None, None
 
@@ -314,25 +357,34 @@ def backward(ctx, dy, _ds, phases=OP_PHASES):
 forward_op.register_autograd(backward, setup_context=setup_context)
 
 
-# Eagerly on CUDA tensors the formula runs as a plain autograd.Function that calls the phases'
-# Python functions: the dispatch of a torch.library op costs more host time than its kernels take
-# at small shapes. torch.compile, torch.export, fake tensors and tensor subclasses take the ops.
-EAGER_PHASES = {"bwd": backward_phases}
-
-
+# Eagerly on CUDA tensors the formula runs as a plain autograd.Function: the dispatch of a
+# torch.library op costs more host time than its kernels take at small shapes. torch.compile,
+# torch.export, fake tensors and tensor subclasses take the ops.
 class EagerFunction(torch.autograd.Function):
-    # forward(ctx, ...) calls setup_context itself: with a separate setup_context, every apply()
-    # binds its arguments through inspect.signature (~30 us). Transforms (vmap, grad) need the
-    # separate one, and take the custom ops (see eager()).
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = forward(*inputs)
-        setup_context(ctx, inputs, output)
-        return output
+    """The formula of the ops above with the least Python per call. Autograd runs backward() on
+    its CUDA device thread, where each Python step costs several times its host time on the
+    caller's thread; so one output (s stays on ctx: no gradient of it to route), the call's
+    CallPlan looked up in the forward, and backward() calling run_backward itself.
+    forward(ctx, ...) does setup_context's work: with a separate setup_context, every apply()
+    binds its arguments through inspect.signature (~30 us). Transforms (vmap, grad) need the
+    separate one, and take the custom ops (see eager())."""
 
     @staticmethod
-    def backward(ctx, *grads):
-        return backward(ctx, *grads, phases=EAGER_PHASES)
+    def forward(ctx, x, w, save_sigmoid, dw_reduction):
+        check_aligned(x, w)
+        plan = call_plan(x, w, save_sigmoid) if x.numel() else None
+        with on_device(x):
+            y, s = run_forward(x, w, save_sigmoid, plan)
+        # s is None without save_sigmoid: the backward recomputes it from x.
+        ctx.save_for_backward(x, w, s)
+        ctx.plan, ctx.dw_reduction = plan, dw_reduction
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, s = ctx.saved_tensors
+        dx, dw = run_backward(x, s, w, dy, ctx.dw_reduction, ctx.plan)
+        return dx, dw, None, None
 
 
 def eager(t):
@@ -349,8 +401,9 @@ def eager(t):
 
 def apply_op(x, w, save_sigmoid, dw_reduction):
     """y by the formula above for any variant, without the input checks of scaled_silu()."""
-    function = EagerFunction.apply if eager(x) else forward_op
-    return function(x, w, save_sigmoid, dw_reduction)[0]
+    if eager(x):
+        return EagerFunction.apply(x, w, save_sigmoid, dw_reduction)
+    return forward_op(x, w, save_sigmoid, dw_reduction)[0]
 
 
 def scaled_silu(x, w):
