@@ -1,25 +1,21 @@
 #!/bin/bash
-# The GPU work session 10 left, one call each (the device allows 600 s per call; a machine's
+# The GPU work session 11 left, one call each (the device allows 600 s per call; a machine's
 # start takes 1.5-2 of the session's 30 minutes):
-#   1. A lean eager autograd path for rmsnorm (run 47: a Function that looks both kernels up in
-#      the forward and only allocates, zeroes, launches and casts in the backward does fwd+bwd in
-#      163 us vs the package's 304-330 and eager's 145-155). After that template change (and the
-#      same structure in the other families' EagerFunction), the packages' tests and overhead rows:
-#        bash docs/profiling/next_gpu_run.sh tests rmsnorm scaled_silu matmul ...
-#        python docs/profiling/rmsnorm_host_probe.py > $OUT/host.log 2>&1
-#   2. The bwd of gqa / attention_sink at head_dim 64 was tuned at 16/16 heads (session 9): re-tune
-#      the backward at the grouped default shape, ~2 min each:
-#        TUNE_ARGS="--phases bwd" bash docs/profiling/next_gpu_run.sh tune gqa attention_sink
-#      (TUNE_ARGS passes options to `opgen tune`; TUNE_TIMEOUT caps each spec, default 540 s.)
-#      The GPU machine lacks typer and rich: first, on this machine, `bash
-#      docs/profiling/next_gpu_run.sh prep` copies them (and what they import) into .prof/site;
-#      carry .prof. On the GPU this script puts it on PYTHONPATH and links opgen/templates to
-#      templates/ (what `pip install -e .` maps).
-#   3. After `opgen build` of what changed: the tests, then (second call) the benches:
-#        bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink attention_tuned
-#        bash docs/profiling/next_gpu_run.sh bench attention gqa attention_sink rmsnorm
-#      (ncu of the kernels: bash docs/profiling/next_gpu_run.sh ncu attention full gqa causal;
-#      the gpt-oss shape's backward, 1.36x FlexAttention, is not profiled yet.)
+#   1. The CallPlan eager path (templates/_base/autograd_rowwise.py.jinja, run 50: rmsnorm fwd 26.7
+#      us, fwd+bwd 175; scaled_silu within 1.5x eager) carried to swiglu, matmul and the attention
+#      template (gqa's backward makes 7-8 launches), then:
+#        bash docs/profiling/next_gpu_run.sh tests swiglu matmul attention gqa attention_sink
+#        python -m generated.<p>.bench_<p> --overhead   (each package)
+#        python docs/profiling/eager_ladder_probe.py    (rmsnorm's ladder down to the leanest Function)
+#   2. attention_sink's backward at head_dim 64 at the grouped shape (gqa's was re-tuned in run 48
+#      and its tables stand). Tune only what is needed: the whole bwd tune of one spec takes over
+#      4 minutes, so one spec per call:
+#        TUNE_TIMEOUT=540 TUNE_ARGS="--phases bwd" bash docs/profiling/next_gpu_run.sh tune attention_sink
+#      (TUNE_ARGS passes options to `opgen tune`; the GPU machine lacks typer and rich: first, on
+#      this machine, `bash docs/profiling/next_gpu_run.sh prep` copies them into .prof/site; carry
+#      .prof. On the GPU this script puts it on PYTHONPATH and links opgen/templates.)
+#   3. Profile the gpt-oss backward (window 128, 1.36x FlexAttention) and the D64 forward:
+#        bash docs/profiling/next_gpu_run.sh ncu attention full gqa causal
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
