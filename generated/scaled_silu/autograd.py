@@ -362,7 +362,7 @@ forward_op.register_autograd(backward, setup_context=setup_context)
 # torch.export, fake tensors and tensor subclasses take the ops.
 class EagerFunction(torch.autograd.Function):
     """The formula of the ops above with the least Python per call. Autograd runs backward() on
-    its CUDA device thread, where each Python step costs several times its host time on the
+    its CUDA device thread, where each Python or torch call costs 1.5-3x its host time on the
     caller's thread; so one output (s stays on ctx: no gradient of it to route), the call's
     CallPlan looked up in the forward, and backward() calling run_backward itself.
     forward(ctx, ...) does setup_context's work: with a separate setup_context, every apply()
