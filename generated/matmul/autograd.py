@@ -160,19 +160,90 @@ def check_inputs(a, b, bias):
         )
 
 
-def run_forward(a, b, bias):
-    """C [..., M, N] = a [..., M, K] @ b [K, N] (+ bias [N]); the kernel sees a as [M, K]."""
-    k, n = b.shape
-    m = a.shape[:-1].numel()
-    if 0 in (m, n, k):
-        # No kernel for empty work: a sum over K = 0 products is zeros (+ bias); M or N 0, empty.
-        c = torch.zeros((*a.shape[:-1], n), dtype=a.dtype, device=a.device)
-        return c if bias is None else c.add_(bias)
-    # m is symbolic in the kernel: one build per (n, k, dtype, bias) serves every m.
-    fwd = kernel(matmul_fwd, n, k, DTYPE_NAMES[a.dtype], bias is not None, **FWD_TILING)
+class CallPlan:
+    """What a call's metadata (a's and b's shapes, the dtype, whether there is a bias) determines,
+    worked out once per distinct metadata: the [M, K] and [M, N] matrices the kernels see, C's
+    shape, the fwd kernel, and the backward kernels (each on first use: inference builds none, a
+    frozen weight no dB kernel). At a small shape each lookup this saves costs more host time than
+    the kernels take."""
+
+    __slots__ = (
+        "a_matrix",
+        "c_shape",
+        "c_matrix",
+        "flat",
+        "variant",
+        "fwd",
+        "bwds",
+        "partials_shape",
+    )
+
+    def __init__(self, a, b, bias):
+        k, n = b.shape
+        m = a.shape[:-1].numel()
+        self.a_matrix = (m, k)
+        self.c_shape, self.c_matrix = (*a.shape[:-1], n), (m, n)
+        # a is the matrix already: no views to make (a view costs ~2 us of host time).
+        self.flat = a.dim() == 2
+        # m is symbolic in the kernels: one build per (n, k, dtype, bias) serves every m.
+        self.variant = (n, k, DTYPE_NAMES[a.dtype])
+        self.fwd = kernel(matmul_fwd, *self.variant, bias is not None, **FWD_TILING)
+        self.bwds = {}
+        self.partials_shape = dbias_partials_shape(m, n, DBIAS_TILING["block_m"])
+
+    def matrix(self, t, shape):
+        """t (dense, of a's or C's shape) as the matrix of `shape` (a_matrix or c_matrix)."""
+        return t if self.flat else t.view(shape)
+
+    def bwd(self, phase):
+        """The compiled kernel of a backward phase ("da", "db", "dbias")."""
+        found = self.bwds.get(phase)
+        if found is None:
+            found = self.bwds[phase] = bwd_kernel(phase, *self.variant)
+        return found
+
+
+def bwd_kernel(phase, n, k, dtype):
+    """The compiled kernel of a backward phase for b [k, n] of dtype (a DTYPE_NAMES value; dbias
+    takes no k)."""
+    if phase == "da":
+        return kernel(matmul_bwd_da, n, k, dtype, **DA_TILING)
+    if phase == "dbias":
+        return kernel(matmul_bwd_dbias, n, dtype, **DBIAS_TILING)
+    return kernel(matmul_bwd_db, n, k, dtype, **DB_TILING)
+
+
+# CallPlans by metadata. Bounded: a run over ever new shapes (a length sweep) starts it afresh.
+PLANS = {}
+MAX_PLANS = 4096
+
+
+def call_plan(a, b, bias):
+    """The CallPlan of a call's non-empty inputs, made on first use of their metadata."""
+    key = (a.shape, b.shape, a.dtype, bias is not None)
+    found = PLANS.get(key)
+    if found is None:
+        if len(PLANS) >= MAX_PLANS:
+            PLANS.clear()
+        found = PLANS[key] = CallPlan(a, b, bias)
+    return found
+
+
+def run_forward(a, b, bias, plan=None):
+    """C [..., M, N] = a [..., M, K] @ b [K, N] (+ bias [N]); the kernel sees a as [M, K]. plan:
+    the call's CallPlan, if at hand."""
+    if plan is None:
+        if a.numel() == 0 or b.numel() == 0:
+            # No kernel for empty work: a sum over K = 0 products is zeros (+ bias); M or N 0, empty.
+            c = torch.zeros((*a.shape[:-1], b.shape[1]), dtype=a.dtype, device=a.device)
+            return c if bias is None else c.add_(bias)
+        plan = call_plan(a, b, bias)
     # Written once per element. Allocated in its final shape: a custom op must not return a view.
-    c = torch.empty((*a.shape[:-1], n), dtype=a.dtype, device=a.device)
-    fwd(a.view(m, k), b, *([] if bias is None else [bias]), c.view(m, n))
+    c = a.new_empty(plan.c_shape)
+    if bias is None:
+        plan.fwd(plan.matrix(a, plan.a_matrix), b, plan.matrix(c, plan.c_matrix))
+    else:
+        plan.fwd(plan.matrix(a, plan.a_matrix), b, bias, plan.matrix(c, plan.c_matrix))
     return c
 
 
@@ -183,7 +254,7 @@ def run_da(dc, b, a_shape):
         # No kernel for empty work: a sum over N = 0 products is zeros; M or K 0, empty.
         return torch.zeros(a_shape, dtype=dc.dtype, device=dc.device)
     da = torch.empty(a_shape, dtype=dc.dtype, device=dc.device)
-    kernel(matmul_bwd_da, n, k, DTYPE_NAMES[dc.dtype], **DA_TILING)(dc, b, da.view(m, k))
+    bwd_kernel("da", n, k, DTYPE_NAMES[dc.dtype])(dc, b, da.view(m, k))
     return da
 
 
@@ -194,7 +265,7 @@ def run_db(a2, dc):
         # No kernel for empty work: a sum over M = 0 rows is zeros; K or N 0, empty.
         return torch.zeros((k, n), dtype=dc.dtype, device=dc.device)
     db = torch.empty((k, n), dtype=dc.dtype, device=dc.device)
-    kernel(matmul_bwd_db, n, k, DTYPE_NAMES[dc.dtype], **DB_TILING)(a2, dc, db)
+    bwd_kernel("db", n, k, DTYPE_NAMES[dc.dtype])(a2, dc, db)
     return db
 
 
@@ -205,7 +276,7 @@ def dbias_partials(dc):
     partials = torch.empty(
         dbias_partials_shape(m, n, block_m), dtype=torch.float32, device=dc.device
     )
-    kernel(matmul_bwd_dbias, n, DTYPE_NAMES[dc.dtype], **DBIAS_TILING)(dc, partials)
+    bwd_kernel("dbias", n, None, DTYPE_NAMES[dc.dtype])(dc, partials)
     return partials
 
 
@@ -216,6 +287,29 @@ def run_dbias(dc):
         # No kernel for empty work: a sum over M = 0 rows is zeros; N = 0, empty.
         return torch.zeros(n, dtype=dc.dtype, device=dc.device)
     return dbias_partials(dc).sum(0).to(dc.dtype)
+
+
+def run_backward(plan, a, b, dc, needs):
+    """(dA, dB, dbias) of non-empty work by the plan's kernels, each only where needs (autograd's
+    needs_input_grad) asks for it; a and b dense (as the forward's kernel read them), dc of C's
+    shape in any layout and dtype."""
+    if dc.dtype != a.dtype:
+        dc = dc.to(a.dtype)
+    # An expanded (stride-0), strided or offset dC is copied once here, for every product.
+    dc = plan.matrix(dense(dc), plan.c_matrix)
+    da = db = dbias = None
+    if needs[0]:
+        da = torch.empty_like(a)
+        plan.bwd("da")(dc, b, plan.matrix(da, plan.a_matrix))
+    if needs[1]:
+        db = torch.empty_like(b)
+        plan.bwd("db")(plan.matrix(a, plan.a_matrix), dc, db)
+    if needs[2]:
+        partials = dc.new_empty(plan.partials_shape, dtype=torch.float32)
+        plan.bwd("dbias")(dc, partials)
+        # The partials summed in a fixed order (deterministic), cast to dc's dtype.
+        dbias = partials.sum(0).to(dc.dtype)
+    return da, db, dbias
 
 
 def forward(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -281,8 +375,10 @@ def setup_context(ctx, inputs, output):
     ctx.save_for_backward(a, b)
 
 
-# The phases backward() calls: the custom ops here, their Python functions on the eager path.
+# The phases backward() calls: the custom ops here; their Python functions where EagerFunction
+# has empty work.
 OP_PHASES = {"da": da_op, "db": db_op, "dbias": dbias_op}
+PYTHON_PHASES = {"da": da_phase, "db": db_phase, "dbias": dbias_phase}
 
 
 def backward(ctx, dc, phases=OP_PHASES):
@@ -304,24 +400,33 @@ forward_op.register_autograd(backward, setup_context=setup_context)
 # Eagerly on CUDA tensors the formula runs as a plain autograd.Function: the dispatch of a
 # torch.library op costs more host time than its kernels take at small shapes. torch.compile,
 # torch.export, fake tensors and tensor subclasses take the ops.
-EAGER_PHASES = {"da": da_phase, "db": db_phase, "dbias": dbias_phase}
-
-
 class EagerFunction(torch.autograd.Function):
-    """The custom ops' formula, calling the phases' Python functions.
+    """The formula of the ops above with the least Python per call. Autograd runs backward() on
+    its CUDA device thread, where each Python or torch call costs 1.5-3x its host time on the
+    caller's thread; so the call's CallPlan (views, kernels) is looked up in the forward, and
+    backward() launches the products autograd asks for itself, into buffers allocated there.
     forward(ctx, ...) does setup_context's work: with a separate setup_context, every apply()
     binds its arguments through inspect.signature (~30 us). Transforms (vmap, grad) need the
     separate one, and take the custom ops (see eager())."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        output = forward(*inputs)
-        setup_context(ctx, inputs, output)
-        return output
+    def forward(ctx, a, b, bias):
+        check_aligned(a, b, bias)
+        plan = call_plan(a, b, bias) if a.numel() and b.numel() else None
+        with on_device(a):
+            c = run_forward(a, b, bias, plan)
+        # dA needs b, dB needs a; dbias needs only dC.
+        ctx.save_for_backward(a, b)
+        ctx.plan = plan
+        return c
 
     @staticmethod
-    def backward(ctx, *grads):
-        return backward(ctx, *grads, phases=EAGER_PHASES)
+    def backward(ctx, dc):
+        if ctx.plan is None:
+            # Empty work (M, N or K 0): the ops' formula, whose phases launch only what it needs.
+            return backward(ctx, dc, phases=PYTHON_PHASES)
+        a, b = ctx.saved_tensors
+        return run_backward(ctx.plan, a, b, dc, ctx.needs_input_grad)
 
 
 def eager(t):
