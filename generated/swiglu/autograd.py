@@ -141,57 +141,123 @@ def as_matrix(t):
     return matrix
 
 
-def launch_forward(a, b, y, s):
-    """The fwd kernel into given buffers: a and b [rows, C] as from as_matrix, y (their
-    dtype) and, unless None, s (fp32), contiguous, of rows x C elements."""
-    rows, cols = a.shape
-    save_sigmoid = s is not None
-    # The kernel's arguments are the matrices' row strides as they are: the caller makes them
-    # the same at every row count (the KERNELS key: a new row count builds no kernel).
-    fwd = kernel(
-        swiglu_fwd, cols, a.stride(0), b.stride(0), DTYPE_NAMES[a.dtype], save_sigmoid, **FWD_TILING
-    )
-    outputs = (y, s) if save_sigmoid else (y,)
-    fwd(a, b, *(t.view(rows, cols) for t in outputs))
+def how_read(t, matrix):
+    """How a call with t's metadata turns t into as_matrix's matrix: None (t is that matrix
+    already), "view" (a view of t) or "copy" (as_matrix copies it)."""
+    if matrix.data_ptr() != t.data_ptr():
+        return "copy"
+    return None if matrix.stride() == t.stride() and matrix.shape == t.shape else "view"
 
 
-def launch_backward(a, b, s, dy, da, db):
-    """The bwd kernel into given buffers: a and b as from as_matrix, s (fp32) and dy
-    contiguous [rows, C], da and db [rows, C] matrices with row strides of their own, aligned."""
-    rows, cols = a.shape
-    save_sigmoid = s is not None
-    bwd = kernel(
-        swiglu_bwd,
-        cols,
-        a.stride(0),
-        b.stride(0),
-        da.stride(0),
-        db.stride(0),
-        DTYPE_NAMES[a.dtype],
-        save_sigmoid,
-        **BWD_TILING,
-    )
-    inputs = (a, b, s.view(rows, cols)) if save_sigmoid else (a, b)
-    bwd(*inputs, dy, da, db)
+def dense(t):
+    """t as the kernels read it: contiguous and aligned; a copy only where it is not (autograd may
+    hand an expanded, transposed or offset gradient)."""
+    return t if t.is_contiguous() and _aligned(t) else _dense_copy(t)
 
 
-def _dense_dy(dy, a):
+class CallPlan:
+    """What a call's metadata (the inputs' shape, strides, alignment and dtype, save_sigmoid)
+    determines, worked out once per distinct metadata: how a and b become the [rows, C] matrices
+    the kernels read (as_matrix: in place, viewed or copied), the kernels for those row strides
+    (the bwd one on first use: inference builds none). At a small shape each lookup this saves
+    costs more host time than the kernels take."""
+
+    __slots__ = ("shape", "matrix", "flat", "reads", "fwd", "bwd_args", "bwd_kernel")
+
+    def __init__(self, a, b, save_sigmoid):
+        matrices = as_matrix(a), as_matrix(b)
+        self.reads = tuple(how_read(t, matrix) for t, matrix in zip((a, b), matrices))
+        rows, cols = self.matrix = tuple(matrices[0].shape)
+        self.shape = a.shape
+        # y, s, dy, da and db are contiguous: a 2-D a gives matrices without a view.
+        self.flat = a.dim() == 2
+        # The kernels' arguments are the matrices' row strides: the same at every row count (the
+        # KERNELS key: a new row count builds no kernel). da and db are fresh: row stride C.
+        strides, dtype = [matrix.stride(0) for matrix in matrices], DTYPE_NAMES[a.dtype]
+        self.fwd = kernel(swiglu_fwd, cols, *strides, dtype, save_sigmoid, **FWD_TILING)
+        self.bwd_args = (cols, *strides, cols, cols, dtype, save_sigmoid)
+        self.bwd_kernel = None
+
+    def matrices(self, a, b):
+        """a and b as the kernels read them."""
+        read_a, read_b = self.reads
+        if read_a is not None:
+            a = a.view(self.matrix) if read_a == "view" else as_matrix(a)
+        if read_b is not None:
+            b = b.view(self.matrix) if read_b == "view" else as_matrix(b)
+        return a, b
+
+    def rows(self, t):
+        """t (contiguous, y's shape) as the [rows, C] matrix."""
+        return t if self.flat else t.view(self.matrix)
+
+    def bwd(self):
+        """The bwd kernel, built on first use."""
+        if self.bwd_kernel is None:
+            self.bwd_kernel = kernel(swiglu_bwd, *self.bwd_args, **BWD_TILING)
+        return self.bwd_kernel
+
+
+# CallPlans by metadata. Bounded: a run over ever new shapes (a length sweep) starts it afresh.
+PLANS = {}
+MAX_PLANS = 4096
+
+
+def call_plan(a, b, save_sigmoid):
+    """The CallPlan of non-empty a and b, made on first use of their metadata."""
+    key = (a.shape, a.stride(), b.stride(), a.dtype, _aligned(a), _aligned(b), save_sigmoid)
+    found = PLANS.get(key)
+    if found is None:
+        if len(PLANS) >= MAX_PLANS:
+            PLANS.clear()
+        found = PLANS[key] = CallPlan(a, b, save_sigmoid)
+    return found
+
+
+def forward_matrices(plan, a, b, save_sigmoid):
+    """The fwd kernel on a and b as the plan reads them: returns y (contiguous) and, with
+    save_sigmoid, sigmoid(a) in fp32 (else None), both of y's shape. Direct writes: every element
+    is written once."""
+    y = a.new_empty(plan.shape)
+    if save_sigmoid:
+        s = a.new_empty(plan.shape, dtype=torch.float32)
+        plan.fwd(a, b, plan.rows(y), plan.rows(s))
+        return y, s
+    plan.fwd(a, b, plan.rows(y))
+    return y, None
+
+
+def launch_backward(plan, a, b, s, dy, da, db):
+    """The bwd kernel on a and b as the plan reads them, s (from forward_matrices, or None) and
+    dy (y's shape, any layout and dtype), into the [rows, C] matrices da and db."""
     # Autograd may hand a non-contiguous (expanded, transposed) or differently typed gradient;
     # the kernels index dy as a dense [rows, C] matrix.
-    dy = dy.to(a.dtype).reshape(-1, a.shape[-1])
-    return dy if dy.is_contiguous() and _aligned(dy) else _dense_copy(dy)
+    if dy.dtype != a.dtype:
+        dy = dy.to(a.dtype)
+    dy = plan.rows(dense(dy))
+    if s is None:
+        plan.bwd()(a, b, dy, da, db)
+    else:
+        plan.bwd()(a, b, plan.rows(s), dy, da, db)
+
+
+def backward_matrices(plan, a, b, s, dy):
+    """da and db (contiguous, the inputs' shape); the arguments as launch_backward's."""
+    da, db = a.new_empty(plan.shape), b.new_empty(plan.shape)
+    launch_backward(plan, a, b, s, dy, plan.rows(da), plan.rows(db))
+    return da, db
 
 
 def run_forward(a, b, save_sigmoid):
     """The forward kernel on a and b of one shape [..., C]: returns y (contiguous) and, with
     save_sigmoid, sigmoid(a) in fp32 (else None)."""
-    # Direct writes: every element is written once.
-    y = a.new_empty(a.shape)
-    s = a.new_empty(a.shape, dtype=torch.float32) if save_sigmoid else None
     if a.numel() == 0:
-        return y, s  # empty work builds and launches no kernel
-    launch_forward(as_matrix(a), as_matrix(b), y, s)
-    return y, s
+        # Empty work builds and launches no kernel.
+        return a.new_empty(a.shape), (
+            a.new_empty(a.shape, dtype=torch.float32) if save_sigmoid else None
+        )
+    plan = call_plan(a, b, save_sigmoid)
+    return forward_matrices(plan, *plan.matrices(a, b), save_sigmoid)
 
 
 def run_backward(a, b, s, dy):
@@ -200,12 +266,8 @@ def run_backward(a, b, s, dy):
         # Empty work builds and launches no kernel. Each gradient is a sum over no terms: zeros
         # of its input's shape (empty where the input is).
         return torch.zeros_like(a), torch.zeros_like(b)
-    da, db = a.new_empty(a.shape), b.new_empty(b.shape)
-    rows = a.numel() // a.shape[-1]
-    launch_backward(
-        as_matrix(a), as_matrix(b), s, _dense_dy(dy, a), da.view(rows, -1), db.view(rows, -1)
-    )
-    return da, db
+    plan = call_plan(a, b, s is not None)
+    return backward_matrices(plan, *plan.matrices(a, b), s, dy)
 
 
 # The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
@@ -230,8 +292,6 @@ def backward_phases(
 
 forward_op = torch.library.custom_op("opgen::swiglu_fwd", forward, mutates_args=())
 backward_op = torch.library.custom_op("opgen::swiglu_bwd", backward_phases, mutates_args=())
-# The phase backward() calls: the custom op here, its Python function on the eager path.
-OP_PHASES = {"bwd": backward_op}
 
 
 @forward_op.register_fake
@@ -255,9 +315,9 @@ def setup_context(ctx, inputs, output):
     ctx.save_for_backward(a, b, output[1] if save_sigmoid else None)
 
 
-def backward(ctx, dy, _ds, phases=OP_PHASES):
+def backward(ctx, dy, _ds):
     a, b, s = ctx.saved_tensors
-    da, db = phases["bwd"](a, b, s, dy)
+    da, db = backward_op(a, b, s, dy)
     # One gradient per forward input; None for save_sigmoid.
     return da, db, None
 
@@ -268,24 +328,39 @@ forward_op.register_autograd(backward, setup_context=setup_context)
 # Eagerly on CUDA tensors the formula runs as a plain autograd.Function: the dispatch of a
 # torch.library op costs more host time than its kernels take at small shapes. torch.compile,
 # torch.export, fake tensors and tensor subclasses take the ops.
-EAGER_PHASES = {"bwd": backward_phases}
-
-
 class EagerFunction(torch.autograd.Function):
-    """The custom ops' formula, calling the phases' Python functions.
+    """The formula of the ops above with the least Python per call. Autograd runs backward() on
+    its CUDA device thread, where each Python or torch call costs 1.5-3x its host time on the
+    caller's thread; so one output (s stays on ctx: no gradient of it to route), the call's
+    CallPlan and the matrices the kernels read made in the forward (and saved: the backward reads
+    them as they are), and backward() launching the bwd kernel itself.
     forward(ctx, ...) does setup_context's work: with a separate setup_context, every apply()
     binds its arguments through inspect.signature (~30 us). Transforms (vmap, grad) need the
     separate one, and take the custom ops (see eager())."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        output = forward(*inputs)
-        setup_context(ctx, inputs, output)
-        return output
+    def forward(ctx, a, b, save_sigmoid):
+        ctx.plan = plan = call_plan(a, b, save_sigmoid) if a.numel() else None
+        if plan is None:
+            # Empty work: an empty y and zero da, db, no kernel.
+            ctx.save_for_backward(a, b, None)
+            return run_forward(a, b, False)[0]
+        a, b = plan.matrices(a, b)
+        with on_device(a):
+            y, s = forward_matrices(plan, a, b, save_sigmoid)
+        # s is None without save_sigmoid: the backward recomputes sigmoid(a).
+        ctx.save_for_backward(a, b, s)
+        return y
 
     @staticmethod
-    def backward(ctx, *grads):
-        return backward(ctx, *grads, phases=EAGER_PHASES)
+    def backward(ctx, dy):
+        a, b, s = ctx.saved_tensors
+        if ctx.plan is None:
+            da, db = run_backward(a, b, None, dy)
+        else:
+            da, db = backward_matrices(ctx.plan, a, b, s, dy)
+        # One gradient per forward input; None for save_sigmoid.
+        return da, db, None
 
 
 def eager(t):
@@ -302,8 +377,9 @@ def eager(t):
 
 def apply_op(a, b, save_sigmoid):
     """y by the formula above for either saved.sigmoid, without the input checks of swiglu()."""
-    function = EagerFunction.apply if eager(a) else forward_op
-    return function(a, b, save_sigmoid)[0]
+    if eager(a):
+        return EagerFunction.apply(a, b, save_sigmoid)
+    return forward_op(a, b, save_sigmoid)[0]
 
 
 def swiglu(a, b):

@@ -137,76 +137,152 @@ def as_matrix(t):
     return matrix
 
 
-def launch_forward(a, b, y, s):
-    """The fwd kernel into given buffers: a and b [rows, C] as from as_matrix or halves, y (their
-    dtype) and, unless None, s (fp32), contiguous, of rows x C elements."""
-    rows, cols = a.shape
-    save_sigmoid = s is not None
-    # The kernel's arguments are the matrices' row strides as they are: the caller makes them
-    # the same at every row count (the KERNELS key: a new row count builds no kernel).
-    fwd = kernel(
-        swiglu_fused_fwd,
-        cols,
-        a.stride(0),
-        b.stride(0),
-        DTYPE_NAMES[a.dtype],
-        save_sigmoid,
-        **FWD_TILING,
+def how_read(t, matrix):
+    """How a call with t's metadata turns t into as_matrix's matrix: None (t is that matrix
+    already), "view" (a view of t) or "copy" (as_matrix copies it)."""
+    if matrix.data_ptr() != t.data_ptr():
+        return "copy"
+    return None if matrix.stride() == t.stride() and matrix.shape == t.shape else "view"
+
+
+def dense(t):
+    """t as the kernels read it: contiguous and aligned; a copy only where it is not (autograd may
+    hand an expanded, transposed or offset gradient)."""
+    return t if t.is_contiguous() and _aligned(t) else _dense_copy(t)
+
+
+class CallPlan:
+    """What a call's metadata (x's shape, strides, alignment and dtype, save_sigmoid) determines,
+    worked out once per distinct metadata: how x becomes the [rows, 2C] matrix whose halves a and
+    b the kernels read (as_matrix: in place, viewed or copied; b copied where its start is not
+    aligned), y's shape, the kernels for those row strides (the bwd one on first use: inference
+    builds none). At a small shape each lookup this saves costs more host time than the kernels
+    take."""
+
+    __slots__ = (
+        "shape",
+        "matrix",
+        "flat",
+        "read",
+        "copy_b",
+        "x_shape",
+        "x_matrix",
+        "db_aligned",
+        "fwd",
+        "bwd_args",
+        "bwd_kernel",
     )
-    outputs = (y, s) if save_sigmoid else (y,)
-    fwd(a, b, *(t.view(rows, cols) for t in outputs))
+
+    def __init__(self, x, save_sigmoid):
+        x2 = as_matrix(x)
+        self.read = how_read(x, x2)
+        a, b = x2.chunk(2, 1)
+        self.copy_b = not _aligned(b)
+        b = _dense_copy(b) if self.copy_b else b
+        rows, cols = self.matrix = tuple(a.shape)
+        self.shape, self.x_shape, self.x_matrix = (*x.shape[:-1], cols), x.shape, (rows, 2 * cols)
+        # y, s, dy and dx are contiguous: a 2-D x gives matrices without a view.
+        self.flat = x.dim() == 2
+        # dx's db half starts aligned where C elements fill whole 16-byte words; else db is
+        # written into a buffer of its own, then copied.
+        self.db_aligned = cols * x.element_size() % ALIGNMENT == 0
+        # The kernels' arguments are the matrices' row strides: the same at every row count (the
+        # KERNELS key: a new row count builds no kernel).
+        dtype = DTYPE_NAMES[x.dtype]
+        self.fwd = kernel(
+            swiglu_fused_fwd, cols, a.stride(0), b.stride(0), dtype, save_sigmoid, **FWD_TILING
+        )
+        db_stride = 2 * cols if self.db_aligned else cols
+        self.bwd_args = (cols, a.stride(0), b.stride(0), 2 * cols, db_stride, dtype, save_sigmoid)
+        self.bwd_kernel = None
+
+    def halves(self, x):
+        """a = x[..., :C] and b = x[..., C:] as [rows, C] matrices, as the kernels read them."""
+        if self.read is not None:
+            x = x.view(self.x_matrix) if self.read == "view" else as_matrix(x)
+        a, b = x.chunk(2, 1)
+        return a, (_dense_copy(b) if self.copy_b else b)
+
+    def rows(self, t):
+        """t (contiguous, y's shape) as the [rows, C] matrix."""
+        return t if self.flat else t.view(self.matrix)
+
+    def bwd(self):
+        """The bwd kernel, built on first use."""
+        if self.bwd_kernel is None:
+            self.bwd_kernel = kernel(swiglu_fused_bwd, *self.bwd_args, **BWD_TILING)
+        return self.bwd_kernel
 
 
-def launch_backward(a, b, s, dy, da, db):
-    """The bwd kernel into given buffers: a and b as from as_matrix or halves, s (fp32) and dy
-    contiguous [rows, C], da and db [rows, C] matrices with row strides of their own, aligned."""
-    rows, cols = a.shape
-    save_sigmoid = s is not None
-    bwd = kernel(
-        swiglu_fused_bwd,
-        cols,
-        a.stride(0),
-        b.stride(0),
-        da.stride(0),
-        db.stride(0),
-        DTYPE_NAMES[a.dtype],
-        save_sigmoid,
-        **BWD_TILING,
-    )
-    inputs = (a, b, s.view(rows, cols)) if save_sigmoid else (a, b)
-    bwd(*inputs, dy, da, db)
+# CallPlans by metadata. Bounded: a run over ever new shapes (a length sweep) starts it afresh.
+PLANS = {}
+MAX_PLANS = 4096
 
 
-def _dense_dy(dy, a):
+def call_plan(x, save_sigmoid):
+    """The CallPlan of a non-empty x, made on first use of their metadata."""
+    key = (x.shape, x.stride(), x.dtype, _aligned(x), save_sigmoid)
+    found = PLANS.get(key)
+    if found is None:
+        if len(PLANS) >= MAX_PLANS:
+            PLANS.clear()
+        found = PLANS[key] = CallPlan(x, save_sigmoid)
+    return found
+
+
+def forward_matrices(plan, a, b, save_sigmoid):
+    """The fwd kernel on a and b as the plan reads them: returns y (contiguous) and, with
+    save_sigmoid, sigmoid(a) in fp32 (else None), both of y's shape. Direct writes: every element
+    is written once."""
+    y = a.new_empty(plan.shape)
+    if save_sigmoid:
+        s = a.new_empty(plan.shape, dtype=torch.float32)
+        plan.fwd(a, b, plan.rows(y), plan.rows(s))
+        return y, s
+    plan.fwd(a, b, plan.rows(y))
+    return y, None
+
+
+def launch_backward(plan, a, b, s, dy, da, db):
+    """The bwd kernel on a and b as the plan reads them, s (from forward_matrices, or None) and
+    dy (y's shape, any layout and dtype), into the [rows, C] matrices da and db."""
     # Autograd may hand a non-contiguous (expanded, transposed) or differently typed gradient;
     # the kernels index dy as a dense [rows, C] matrix.
-    dy = dy.to(a.dtype).reshape(-1, a.shape[-1])
-    return dy if dy.is_contiguous() and _aligned(dy) else _dense_copy(dy)
+    if dy.dtype != a.dtype:
+        dy = dy.to(a.dtype)
+    dy = plan.rows(dense(dy))
+    if s is None:
+        plan.bwd()(a, b, dy, da, db)
+    else:
+        plan.bwd()(a, b, plan.rows(s), dy, da, db)
 
 
-def halves(x):
-    """a = x[..., :C] (the first half) and b = x[..., C:] of a non-empty x, as [rows, C]
-    matrices: views of x when it is aligned (row stride 2C, one row included), b copied (row
-    stride C) when its start is not."""
-    x = as_matrix(x)
-    cols = x.shape[1] // 2
-    a, b = x[:, :cols], x[:, cols:]
-    return a, (b if _aligned(b) else _dense_copy(b))
+def backward_halves(plan, a, b, s, dy):
+    """dx [..., 2C] (contiguous): da in its first half, db in its second; the arguments as
+    launch_backward's."""
+    dx = a.new_empty(plan.x_shape)
+    da, db = (dx if plan.flat else dx.view(plan.x_matrix)).chunk(2, 1)
+    if plan.db_aligned:
+        launch_backward(plan, a, b, s, dy, da, db)
+    else:
+        # An odd-width db half does not start aligned: written into its own buffer, then copied.
+        db_out = a.new_empty(plan.matrix)
+        launch_backward(plan, a, b, s, dy, da, db_out)
+        db.copy_(db_out)
+    return dx
 
 
 def run_fused_forward(x, save_sigmoid):
     """y [..., C] (contiguous) and, with save_sigmoid, sigmoid(a) in fp32 (else None) for x
     [..., 2C]."""
-    shape = (*x.shape[:-1], x.shape[-1] // 2)
-    # Direct writes: every element is written once.
-    y = x.new_empty(shape)
-    s = x.new_empty(shape, dtype=torch.float32) if save_sigmoid else None
     if x.numel() == 0:
-        return y, s  # empty work builds and launches no kernel
-    # The halves as they are (not through as_matrix again, which would give one row the row
-    # stride C): at every row count the same kernel.
-    launch_forward(*halves(x), y, s)
-    return y, s
+        # Empty work builds and launches no kernel.
+        shape = (*x.shape[:-1], x.shape[-1] // 2)
+        return x.new_empty(shape), (
+            x.new_empty(shape, dtype=torch.float32) if save_sigmoid else None
+        )
+    plan = call_plan(x, save_sigmoid)
+    return forward_matrices(plan, *plan.halves(x), save_sigmoid)
 
 
 def run_fused_backward(x, s, dy):
@@ -215,17 +291,8 @@ def run_fused_backward(x, s, dy):
         # Empty work builds and launches no kernel. Each gradient is a sum over no terms: zeros
         # of its input's shape (empty where the input is).
         return torch.zeros_like(x)
-    a, b = halves(x)
-    dx = x.new_empty(x.shape)
-    rows, cols = a.shape
-    grads = dx.view(rows, 2 * cols)
-    da, db = grads[:, :cols], grads[:, cols:]
-    # An odd-width db half does not start aligned: written into its own buffer, then copied.
-    db_out = db if _aligned(db) else torch.empty_like(db, memory_format=torch.contiguous_format)
-    launch_backward(a, b, s, _dense_dy(dy, a), da, db_out)
-    if db_out is not db:
-        db.copy_(db_out)
-    return dx
+    plan = call_plan(x, s is not None)
+    return backward_halves(plan, *plan.halves(x), s, dy)
 
 
 # The autograd formula as torch.library custom ops (torch.compile sees each as one node with a
@@ -246,8 +313,6 @@ def backward_phases(x: torch.Tensor, s: torch.Tensor | None, dy: torch.Tensor) -
 
 forward_op = torch.library.custom_op("opgen::swiglu_fused_fwd", forward, mutates_args=())
 backward_op = torch.library.custom_op("opgen::swiglu_fused_bwd", backward_phases, mutates_args=())
-# The phase backward() calls: the custom op here, its Python function on the eager path.
-OP_PHASES = {"bwd": backward_op}
 
 
 @forward_op.register_fake
@@ -272,10 +337,10 @@ def setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, output[1] if save_sigmoid else None)
 
 
-def backward(ctx, dy, _ds, phases=OP_PHASES):
+def backward(ctx, dy, _ds):
     x, s = ctx.saved_tensors
     # One gradient per forward input; None for save_sigmoid.
-    return phases["bwd"](x, s, dy), None
+    return backward_op(x, s, dy), None
 
 
 forward_op.register_autograd(backward, setup_context=setup_context)
@@ -284,24 +349,37 @@ forward_op.register_autograd(backward, setup_context=setup_context)
 # Eagerly on CUDA tensors the formula runs as a plain autograd.Function: the dispatch of a
 # torch.library op costs more host time than its kernels take at small shapes. torch.compile,
 # torch.export, fake tensors and tensor subclasses take the ops.
-EAGER_PHASES = {"bwd": backward_phases}
-
-
 class EagerFunction(torch.autograd.Function):
-    """The custom ops' formula, calling the phases' Python functions.
+    """The formula of the ops above with the least Python per call. Autograd runs backward() on
+    its CUDA device thread, where each Python or torch call costs 1.5-3x its host time on the
+    caller's thread; so one output (s stays on ctx: no gradient of it to route), the call's
+    CallPlan and the matrices the kernels read made in the forward (and saved: the backward reads
+    them as they are), and backward() launching the bwd kernel itself.
     forward(ctx, ...) does setup_context's work: with a separate setup_context, every apply()
     binds its arguments through inspect.signature (~30 us). Transforms (vmap, grad) need the
     separate one, and take the custom ops (see eager())."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        output = forward(*inputs)
-        setup_context(ctx, inputs, output)
-        return output
+    def forward(ctx, x, save_sigmoid):
+        ctx.plan = plan = call_plan(x, save_sigmoid) if x.numel() else None
+        if plan is None:
+            # Empty work: an empty y and a zero dx, no kernel.
+            ctx.save_for_backward(x, None, None)
+            return run_fused_forward(x, False)[0]
+        a, b = plan.halves(x)
+        with on_device(x):
+            y, s = forward_matrices(plan, a, b, save_sigmoid)
+        # s is None without save_sigmoid: the backward recomputes sigmoid(a).
+        ctx.save_for_backward(a, b, s)
+        return y
 
     @staticmethod
-    def backward(ctx, *grads):
-        return backward(ctx, *grads, phases=EAGER_PHASES)
+    def backward(ctx, dy):
+        a, b, s = ctx.saved_tensors
+        if ctx.plan is None:
+            return run_fused_backward(a, None, dy), None  # a is the empty x
+        # One gradient per forward input; None for save_sigmoid.
+        return backward_halves(ctx.plan, a, b, s, dy), None
 
 
 def eager(t):
@@ -318,8 +396,9 @@ def eager(t):
 
 def apply_op(x, save_sigmoid):
     """y by the formula above for either saved.sigmoid, without the input checks of swiglu_fused()."""
-    function = EagerFunction.apply if eager(x) else forward_op
-    return function(x, save_sigmoid)[0]
+    if eager(x):
+        return EagerFunction.apply(x, save_sigmoid)
+    return forward_op(x, save_sigmoid)[0]
 
 
 def swiglu_fused(x):
