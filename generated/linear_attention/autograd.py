@@ -173,12 +173,50 @@ def variant(q, v):
     return heads, dim_k, dim_v, DTYPE_NAMES[q.dtype], scale_for(dim_k)
 
 
-def run_forward(q, k, v):
-    """O [B, S, H, Dv] in q's dtype, written once per element."""
-    o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+class CallPlan:
+    """What a call's metadata (q's and v's shapes, the dtype) determines, worked out once per
+    distinct metadata: the kernels (the bwd one on first use: inference builds none). At a small
+    shape each lookup this saves costs more host time than the kernels take."""
+
+    __slots__ = ("variant", "fwd", "bwd_kernel")
+
+    def __init__(self, q, v):
+        self.variant = variant(q, v)
+        self.fwd = kernel(linear_attention_fwd, *self.variant, **FWD_TILING)
+        self.bwd_kernel = None
+
+    def bwd(self):
+        """The bwd kernel, built on first use."""
+        if self.bwd_kernel is None:
+            self.bwd_kernel = kernel(linear_attention_bwd, *self.variant, **BWD_TILING)
+        return self.bwd_kernel
+
+
+# CallPlans by metadata. Bounded: a run over ever new shapes (a length sweep) starts it afresh.
+PLANS = {}
+MAX_PLANS = 4096
+
+
+def call_plan(q, v):
+    """The CallPlan of non-empty q and v, made on first use of their metadata."""
+    key = (q.shape, v.shape, q.dtype)
+    found = PLANS.get(key)
+    if found is None:
+        if len(PLANS) >= MAX_PLANS:
+            PLANS.clear()
+        found = PLANS[key] = CallPlan(q, v)
+    return found
+
+
+def run_forward(q, k, v, plan=None):
+    """O [B, S, H, Dv] in q's dtype, written once per element. plan: the call's CallPlan, if at
+    hand."""
+    o = q.new_empty(v.shape)
     if o.numel() == 0:
         return o  # B, S or H 0: empty work builds and launches no kernel
-    kernel(linear_attention_fwd, *variant(q, v), **FWD_TILING)(q, k, v, o)
+    if plan is None:
+        plan = call_plan(q, v)
+    plan.fwd(q, k, v, o)
     return o
 
 
@@ -191,19 +229,23 @@ def zeroed_grad_buffers(q, v):
     )
 
 
-def backward_into(q, k, v, do, dq, dk, dv):
-    """Launch the backward kernel once: it adds dQ, dK, dV (fp32) into the given buffers."""
-    kernel(linear_attention_bwd, *variant(q, v), **BWD_TILING)(q, k, v, do, dq, dk, dv)
+def backward_into(q, k, v, do, dq, dk, dv, plan=None):
+    """Launch the backward kernel once: it adds dQ, dK, dV (fp32) into the given buffers. plan:
+    the call's CallPlan, if at hand."""
+    if plan is None:
+        plan = call_plan(q, v)
+    plan.bwd()(q, k, v, do, dq, dk, dv)
 
 
-def run_backward(q, k, v, do):
-    """(dQ, dK, dV) in the inputs' dtype: fp32 atomics into zeroed buffers, cast on the host."""
+def run_backward(q, k, v, do, plan=None):
+    """(dQ, dK, dV) in the inputs' dtype: fp32 atomics into zeroed buffers, cast on the host. do
+    dense and aligned, of q's dtype; plan: the call's CallPlan, if at hand."""
     if q.numel() == 0:
         # Empty work builds and launches no kernel. Each gradient is a sum over no terms: zeros
         # of its input's shape (empty where the input is).
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dq, dk, dv = zeroed_grad_buffers(q, v)
-    backward_into(q, k, v, do, dq, dk, dv)
+    backward_into(q, k, v, do, dq, dk, dv, plan)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -249,14 +291,10 @@ def setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v)
 
 
-# The phases backward() calls: the custom ops here, their Python functions on the eager path.
-OP_PHASES = {"bwd": backward_op}
-
-
-def backward(ctx, do, phases=OP_PHASES):
+def backward(ctx, do):
     q, k, v = ctx.saved_tensors
     # One kernel computes all three; one gradient per forward input.
-    return phases["bwd"](q, k, v, do.to(q.dtype))
+    return backward_op(q, k, v, do.to(q.dtype))
 
 
 forward_op.register_autograd(backward, setup_context=setup_context)
@@ -265,24 +303,33 @@ forward_op.register_autograd(backward, setup_context=setup_context)
 # Eagerly on CUDA tensors the formula runs as a plain autograd.Function: the dispatch of a
 # torch.library op costs more host time than its kernels take at small shapes. torch.compile,
 # torch.export, fake tensors and tensor subclasses take the ops.
-EAGER_PHASES = {"bwd": backward_phases}
-
-
 class EagerFunction(torch.autograd.Function):
-    """The custom ops' formula, calling the phases' Python functions.
+    """The formula of the ops above with the least Python per call. Autograd runs backward() on
+    its CUDA device thread, where each Python or torch call costs 1.5-3x its host time on the
+    caller's thread; so the call's CallPlan (its kernels) is looked up in the forward, and
+    backward() calls run_backward itself.
     forward(ctx, ...) does setup_context's work: with a separate setup_context, every apply()
     binds its arguments through inspect.signature (~30 us). Transforms (vmap, grad) need the
     separate one, and take the custom ops (see eager())."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        output = forward(*inputs)
-        setup_context(ctx, inputs, output)
-        return output
+    def forward(ctx, q, k, v):
+        check_aligned(q, k, v)
+        ctx.plan = plan = call_plan(q, v) if q.numel() else None
+        with on_device(q):
+            o = run_forward(q, k, v, plan)
+        # Only the inputs: the backward recomputes the running states chunk by chunk.
+        ctx.save_for_backward(q, k, v)
+        return o
 
     @staticmethod
-    def backward(ctx, *grads):
-        return backward(ctx, *grads, phases=EAGER_PHASES)
+    def backward(ctx, do):
+        q, k, v = ctx.saved_tensors
+        if do.dtype != q.dtype:
+            do = do.to(q.dtype)
+        # An expanded, strided or offset dO is copied once (empty work launches nothing).
+        do = dense(do)
+        return run_backward(q, k, v, do, ctx.plan)
 
 
 def eager(t):
