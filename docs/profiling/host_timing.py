@@ -1,22 +1,24 @@
 """The host-time measure the host probes share: microseconds per call of back-to-back calls at a
-tiny shape (the GPU finishes each call before the host queues the next), the best of `rounds`."""
+tiny shape (the GPU finishes each call before the host queues the next), the best (or the median) of `rounds`."""
+import statistics
 import time
 
 import torch
 
 
-def per_call(fn, n=400, rounds=3, warmup=30):
+def per_call(fn, n=400, rounds=3, warmup=30, statistic="best"):
+    """Microseconds per call of fn: the best (or, statistic="median", the median) of `rounds`."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    best = float("inf")
+    times = []
     for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(n):
             fn()
         torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / n * 1e6)
-    return best
+        times.append((time.perf_counter() - start) / n * 1e6)
+    return min(times) if statistic == "best" else statistics.median(times)
 
 
 def report(name, fn, width=60, prefix="", **timing):
