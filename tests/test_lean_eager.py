@@ -129,7 +129,7 @@ def matmul_emulations(block_m):
             check(dc, (m, n), dtype_of(dtype))
             check(partials, (-(-m // block_m), n), torch.float32)
             for i in range(partials.shape[0]):
-                partials[i] = dc[i * block_m:(i + 1) * block_m].float().sum(0)
+                partials[i] = dc[i * block_m : (i + 1) * block_m].float().sum(0)
 
         return run
 
@@ -146,9 +146,11 @@ def matmul(emulate):
 
 def matmul_inputs(lead, m, n, k, bias=True, frozen=()):
     gen = torch.Generator().manual_seed(0)
-    inputs = {"a": torch.randn(*lead, m, k, generator=gen).to(BF16),
-              "b": torch.randn(k, n, generator=gen).to(BF16),
-              "bias": torch.randn(n, generator=gen).to(BF16) if bias else None}
+    inputs = {
+        "a": torch.randn(*lead, m, k, generator=gen).to(BF16),
+        "b": torch.randn(k, n, generator=gen).to(BF16),
+        "bias": torch.randn(n, generator=gen).to(BF16) if bias else None,
+    }
     for name, t in inputs.items():
         if t is not None and name not in frozen:
             t.requires_grad_()
@@ -169,7 +171,9 @@ def test_matmul_eager_matches_the_reference(matmul, lead, bias):
     for name, g, w in zip(("dA", "dB", "dbias"), got, grads(want_c, tensors, dc)):
         assert_same(name, g, w)
     assert len(autograd.PLANS) == 1
-    phases = ["matmul_fwd", "matmul_bwd_da", "matmul_bwd_db"] + (["matmul_bwd_dbias"] if bias else [])
+    phases = ["matmul_fwd", "matmul_bwd_da", "matmul_bwd_db"] + (
+        ["matmul_bwd_dbias"] if bias else []
+    )
     assert sorted(kernels.built) == sorted(phases), "each kernel is resolved once per plan"
 
 
@@ -280,10 +284,17 @@ def pair_inputs(layout, shape):
 
 
 @pytest.mark.parametrize("save", [False, True], ids=["recompute", "save"])
-@pytest.mark.parametrize("layout, shape", [
-    ("contiguous", (37, 40)), ("contiguous", (3, 5, 40)), ("contiguous", (1, 40)),
-    ("halves", (3, 5, 64)), ("halves", (7, 77)), ("halves", (1, 64)),
-])
+@pytest.mark.parametrize(
+    "layout, shape",
+    [
+        ("contiguous", (37, 40)),
+        ("contiguous", (3, 5, 40)),
+        ("contiguous", (1, 40)),
+        ("halves", (3, 5, 64)),
+        ("halves", (7, 77)),
+        ("halves", (1, 64)),
+    ],
+)
 def test_swiglu_eager_matches_the_reference(swiglu, layout, shape, save):
     """Contiguous inputs, 2-D or not, and the strided halves of a wider tensor: read in place where
     aligned (C = 64), b copied where not (C = 77)."""
@@ -305,8 +316,12 @@ def test_swiglu_eager_takes_any_upstream_gradient(swiglu, layout):
     autograd, _, reference = swiglu
     (a, b), leaves = pair_inputs("contiguous", (3, 16, 16))
     dy = torch.randn(3, 16, 16).to(BF16)
-    upstream = {"expanded": dy[:1].expand(dy.shape), "transposed": dy.transpose(1, 2).contiguous().transpose(1, 2),
-                "offset": offset(dy), "float32": dy.float()}[layout]
+    upstream = {
+        "expanded": dy[:1].expand(dy.shape),
+        "transposed": dy.transpose(1, 2).contiguous().transpose(1, 2),
+        "offset": offset(dy),
+        "float32": dy.float(),
+    }[layout]
     got = grads(autograd.EagerFunction.apply(a, b, False), leaves, upstream)
     want = grads(reference(a, b), leaves, upstream.to(BF16).contiguous())
     for g, w in zip(got, want):
@@ -318,7 +333,9 @@ def test_swiglu_eager_empty_work(swiglu):
     (a, b), leaves = pair_inputs("contiguous", (3, 0, 16))
     y = autograd.EagerFunction.apply(a, b, True)
     got = grads(y, leaves, torch.randn(y.shape).to(BF16))
-    assert y.shape == a.shape and all(torch.equal(g, torch.zeros_like(t)) for g, t in zip(got, leaves))
+    assert y.shape == a.shape and all(
+        torch.equal(g, torch.zeros_like(t)) for g, t in zip(got, leaves)
+    )
     assert not kernels.built and not autograd.PLANS
 
 
@@ -330,8 +347,13 @@ def test_swiglu_fused_eager_matches_the_reference(emulate, shape, save):
     autograd = import_golden("swiglu_fused", "autograd")
     reference = import_golden("swiglu_fused", "reference").swiglu_fused_reference
     emulations = swiglu_emulations()
-    kernels = emulate(autograd, {"swiglu_fused_fwd": emulations["swiglu_fwd"],
-                                 "swiglu_fused_bwd": emulations["swiglu_bwd"]})
+    kernels = emulate(
+        autograd,
+        {
+            "swiglu_fused_fwd": emulations["swiglu_fwd"],
+            "swiglu_fused_bwd": emulations["swiglu_bwd"],
+        },
+    )
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(*shape[:-1], 2 * shape[-1], generator=gen).to(BF16).requires_grad_()
     dy = torch.randn(shape, generator=gen).to(BF16)
@@ -416,7 +438,11 @@ def test_linear_attention_eager_takes_any_upstream_gradient(linear_attention, la
     autograd, _, reference = linear_attention
     q, k, v = qkv(1, 6, 2, 8, 8)
     do = torch.randn(v.shape).to(BF16)
-    upstream = {"expanded": do[:, :1].expand(do.shape), "offset": offset(do), "float32": do.float()}[layout]
+    upstream = {
+        "expanded": do[:, :1].expand(do.shape),
+        "offset": offset(do),
+        "float32": do.float(),
+    }[layout]
     got = grads(autograd.EagerFunction.apply(q, k, v), [q, k, v], upstream)
     want = grads(reference(q, k, v), [q, k, v], upstream.to(BF16).contiguous())
     for g, w in zip(got, want):

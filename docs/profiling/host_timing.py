@@ -1,5 +1,7 @@
 """The host-time measure the host probes share: microseconds per call of back-to-back calls at a
-tiny shape (the GPU finishes each call before the host queues the next), the best (or the median) of `rounds`."""
+tiny shape (the GPU finishes each call before the host queues the next), the best (or the median)
+of `rounds`."""
+
 import statistics
 import time
 

@@ -13,6 +13,7 @@ linear_attention, from the repository root:
 
 About 1-2 minutes on an H200 (the kernels build on first use, or come from TileLang's cache).
 Exits 1 if a check failed."""
+
 import contextlib
 import os
 import sys
@@ -40,9 +41,11 @@ FAILED = []
 
 @contextlib.contextmanager
 def float64_math():
-    """reference.py computes in .float(); inside this, .float() of a float64 tensor stays float64."""
+    """reference.py computes in .float(); in here, .float() of a float64 tensor stays float64."""
     to_float = torch.Tensor.float
-    torch.Tensor.float = lambda t, *args, **kwargs: t if t.dtype == torch.float64 else to_float(t, *args, **kwargs)
+    torch.Tensor.float = lambda t, *args, **kwargs: (
+        t if t.dtype == torch.float64 else to_float(t, *args, **kwargs)
+    )
     try:
         yield
     finally:
@@ -63,13 +66,19 @@ def check(label, fn, reference, leaves, make_args, grad_out):
     with float64_math():
         leaves64 = [t.detach().double().requires_grad_(t.requires_grad) for t in leaves]
         ref = reference(*make_args(leaves64))
-        ref_grads = torch.autograd.grad(ref, [t for t in leaves64 if t.requires_grad], grad_out.double())
-    errors = [("out", out, ref)] + [(f"grad{i}", g, r) for i, (g, r) in enumerate(zip(grads, ref_grads))]
+        ref_grads = torch.autograd.grad(
+            ref, [t for t in leaves64 if t.requires_grad], grad_out.double()
+        )
+    errors = [("out", out, ref)] + [
+        (f"grad{i}", g, r) for i, (g, r) in enumerate(zip(grads, ref_grads))
+    ]
     worst = 0.0
     parts = []
     for name, got, want in errors:
         if got.shape != want.shape or got.dtype != BF16:
-            FAILED.append(f"{label} {name}: shape {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} bf16")
+            FAILED.append(
+                f"{label} {name}: {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} bf16"
+            )
             parts.append(f"{name} BAD")
             continue
         err = rel_error(got, want)
@@ -86,7 +95,7 @@ def randn(*shape, grad=True, scale=1.0):
 
 
 def strided_like(shape):
-    """An upstream gradient of `shape` that is not contiguous (every other column of a wider one)."""
+    """A non-contiguous upstream gradient of `shape`: every other column of a wider one."""
     return torch.randn(*shape[:-1], 2 * shape[-1], device=DEVICE).to(BF16)[..., ::2]
 
 
@@ -97,37 +106,92 @@ def correctness():
     for lead, m, n, k in (((), 333, 77, 96), ((2,), 45, 200, 130), ((), 1000, 33, 64)):
         a, b, bias = randn(*lead, m, k), randn(k, n), randn(n)
         dc = torch.randn(*lead, m, n, device=DEVICE).to(BF16)
-        check(f"a {(*lead, m, k)} @ b {(k, n)} + bias", mm.matmul, matmul_reference, [a, b, bias],
-              lambda t: t, dc)
+        check(
+            f"a {(*lead, m, k)} @ b {(k, n)} + bias",
+            mm.matmul,
+            matmul_reference,
+            [a, b, bias],
+            lambda t: t,
+            dc,
+        )
     a, b = randn(77, 96), randn(96, 131, grad=False)  # a frozen weight: no dB launch
-    check("a (77, 96) @ frozen b (96, 131), no bias (apply_op)", lambda a, b: mm.apply_op(a, b, None),
-          matmul_reference, [a, b], lambda t: t, strided_like((77, 131)))
+    check(
+        "a (77, 96) @ frozen b (96, 131), no bias (apply_op)",
+        lambda a, b: mm.apply_op(a, b, None),
+        matmul_reference,
+        [a, b],
+        lambda t: t,
+        strided_like((77, 131)),
+    )
     a, b, bias = randn(3, 5, 64), randn(64, 48), randn(48)
-    check("a (3, 5, 64), strided dC", mm.matmul, matmul_reference, [a, b, bias], lambda t: t,
-          strided_like((3, 5, 48)))
+    check(
+        "a (3, 5, 64), strided dC",
+        mm.matmul,
+        matmul_reference,
+        [a, b, bias],
+        lambda t: t,
+        strided_like((3, 5, 48)),
+    )
 
     print("swiglu")
     for shape in ((3, 333, 77), (4097,)):
         a, b = randn(*shape, scale=4.0), randn(*shape)
-        check(f"a, b {shape}", sw.swiglu, swiglu_reference, [a, b], lambda t: t,
-              torch.randn(shape, device=DEVICE).to(BF16))
-    for rows, cols in ((9, 1100), (37, 77)):  # halves of one wider tensor: strided rows; C = 77: b misaligned
+        check(
+            f"a, b {shape}",
+            sw.swiglu,
+            swiglu_reference,
+            [a, b],
+            lambda t: t,
+            torch.randn(shape, device=DEVICE).to(BF16),
+        )
+    for rows, cols in (
+        (9, 1100),
+        (37, 77),
+    ):  # halves of one wider tensor: strided rows; C = 77: b misaligned
         x = randn(rows, 2 * cols, scale=2.0)
-        check(f"a, b halves of x ({rows}, {2 * cols})", sw.swiglu, swiglu_reference, [x],
-              lambda t: t[0].chunk(2, dim=-1), strided_like((rows, cols)))
+        check(
+            f"a, b halves of x ({rows}, {2 * cols})",
+            sw.swiglu,
+            swiglu_reference,
+            [x],
+            lambda t: t[0].chunk(2, dim=-1),
+            strided_like((rows, cols)),
+        )
     a, b = randn(5, 7, 300, scale=4.0), randn(5, 7, 300)
-    check("a, b (5, 7, 300), sigmoid saved (apply_op)", lambda a, b: sw.apply_op(a, b, True),
-          swiglu_reference, [a, b], lambda t: t, torch.randn(5, 7, 300, device=DEVICE).to(BF16))
+    check(
+        "a, b (5, 7, 300), sigmoid saved (apply_op)",
+        lambda a, b: sw.apply_op(a, b, True),
+        swiglu_reference,
+        [a, b],
+        lambda t: t,
+        torch.randn(5, 7, 300, device=DEVICE).to(BF16),
+    )
 
     print("linear_attention")
-    for batch, seq_len, heads, dim_k, dim_v in ((2, 333, 3, 64, 64), (1, 77, 2, 40, 24), (1, 200, 4, 64, 128)):
+    for batch, seq_len, heads, dim_k, dim_v in (
+        (2, 333, 3, 64, 64),
+        (1, 77, 2, 40, 24),
+        (1, 200, 4, 64, 128),
+    ):
         q, k = randn(batch, seq_len, heads, dim_k), randn(batch, seq_len, heads, dim_k)
         v = randn(batch, seq_len, heads, dim_v)
-        check(f"q, k {tuple(q.shape)}, v {tuple(v.shape)}", la.linear_attention, linear_attention_reference,
-              [q, k, v], lambda t: t, torch.randn(v.shape, device=DEVICE).to(BF16))
+        check(
+            f"q, k {tuple(q.shape)}, v {tuple(v.shape)}",
+            la.linear_attention,
+            linear_attention_reference,
+            [q, k, v],
+            lambda t: t,
+            torch.randn(v.shape, device=DEVICE).to(BF16),
+        )
     q, k, v = randn(1, 130, 2, 32), randn(1, 130, 2, 32, grad=False), randn(1, 130, 2, 32)
-    check("frozen k, strided dO", la.linear_attention, linear_attention_reference, [q, k, v],
-          lambda t: t, strided_like((1, 130, 2, 32)))
+    check(
+        "frozen k, strided dO",
+        la.linear_attention,
+        linear_attention_reference,
+        [q, k, v],
+        lambda t: t,
+        strided_like((1, 130, 2, 32)),
+    )
 
 
 def median_us(fn):
@@ -136,7 +200,9 @@ def median_us(fn):
 
 def host_times():
     torch.manual_seed(0)
-    print("\n# host time per call at a tiny shape, us (median of 7 rounds of 300 back-to-back calls)")
+    print(
+        "\n# host time per call at a tiny shape, us (median of 7 rounds of 300 back-to-back calls)"
+    )
     print(f"{'':44s} {'fwd':>8s} {'fwd+bwd':>8s}")
     a, b, bias = randn(64, 64), randn(64, 64), randn(64)
     x, y = randn(8, 1024), randn(8, 1024)
