@@ -339,6 +339,8 @@ def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
                 setattr(autograd, names[candidate.phase], tiling)
                 if hasattr(autograd, names[candidate.phase] + "S"):
                     setattr(autograd, names[candidate.phase] + "S", {})
+                # The package's call plans hold the kernels of the tiling they were made with.
+                autograd.PLANS.clear()
                 try:
                     if candidate.phase == "fwd":
                         def call():
@@ -367,4 +369,5 @@ def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
     finally:
         for name, value in saved.items():
             setattr(autograd, name, value)
+        autograd.PLANS.clear()
     return times

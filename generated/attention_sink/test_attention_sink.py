@@ -15,24 +15,20 @@ import torch
 from . import autograd
 from . import hf
 from .autograd import (
-    ALLOC,
     DK_REDUCTION,
-    DTYPE_NAMES,
     DV_REDUCTION,
-    TORCH_DTYPES,
     backward_op,
+    call_plan,
     check_inputs,
     dims,
     forward_op,
-    launcher,
     read_in_place,
     run_backward,
     run_forward,
     shape_of,
-    variant_calls,
     attention_sink,
 )
-from .kernels import default_softmax_scale, dkv_buffer, padded_rows
+from .kernels import default_softmax_scale
 from .reference import attention_sink_reference
 
 requires_cuda = pytest.mark.skipif(
@@ -241,44 +237,22 @@ def test_autocast_casts_the_inputs(dtype, given):
 
 
 def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduction):
-    """The preprocess and main backward kernels on fresh buffers; returns them (dQ, dK, dV raw)."""
+    """The preprocess, then the main backward kernel, on buffers filled with NaN: the preprocess
+    must zero every fp32 atomic target. Returns the buffers (dQ, dK, dV raw) and a launch of the
+    main kernel alone."""
     tensors = [t.detach() for t in inputs.values()]
     q, k, v = tensors[:3]
-    batch, heads, seq_len, head_dim = dims(q, layout)
-    kv_heads = dims(k, layout)[1]
-    name = DTYPE_NAMES[q.dtype]
-    scale = default_softmax_scale(head_dim)
+    scale = default_softmax_scale(q.shape[-1])
     o, lse = run_forward(*tensors, causal, window, layout, scale)
-    delta = lse.new_empty(lse.shape)
-    calls = variant_calls(
-        heads,
-        kv_heads,
-        head_dim,
-        causal,
-        window or 0,
-        layout,
-        name,
-        scale,
-        dk_reduction,
-        dv_reduction,
-    )
-    launcher(calls["preprocess"])(o, do, delta)
-    buffers = {
-        "dQ": torch.zeros(
-            shape_of(layout, batch, heads, padded_rows(seq_len), head_dim),
-            dtype=torch.float32,
-            device="cuda",
-        )
-    }
-    for label, reduction in (("dK", dk_reduction), ("dV", dv_reduction)):
-        shape, buffer_dtype = dkv_buffer(
-            layout, reduction, batch, heads, kv_heads, seq_len, head_dim, name
-        )
-        buffers[label] = ALLOC[reduction](shape, dtype=TORCH_DTYPES[buffer_dtype], device="cuda")
-    bwd = launcher(calls["bwd"])
+    plan = call_plan(q, k, causal, window, layout, scale, dk_reduction, dv_reduction)
+    delta = torch.full_like(lse, float("nan"))
+    buffers = {"dQ": torch.full(plan.dq_accum_shape, float("nan"), device="cuda")}
+    for label, (shape, dtype) in (("dK", plan.dk_buffer), ("dV", plan.dv_buffer)):
+        buffers[label] = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+    plan.preprocess(o, do, delta, buffers["dQ"], buffers["dK"], buffers["dV"])
 
     def launch():
-        bwd(q, k, v, do, lse, delta, buffers["dQ"], buffers["dK"], buffers["dV"])
+        plan.bwd(q, k, v, do, lse, delta, buffers["dQ"], buffers["dK"], buffers["dV"])
 
     launch()
     return buffers, launch
@@ -286,10 +260,36 @@ def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduc
 
 @requires_cuda
 @pytest.mark.parametrize("layout", LAYOUTS)
+def test_preprocess_zeroes_the_atomic_targets(layout):
+    """The preprocess zeroes every element of the fp32 dQ accumulator, its padding rows past
+    seq_len included, and of atomic dK/dV buffers (ATOMIC_SHAPE's heads): no fill launch runs
+    before the bwd kernel's atomics. seq_len 77: a multiple of neither 8 nor any block."""
+    batch, heads, kv_heads, _, head_dim = ATOMIC_SHAPE
+    inputs, do = make_inputs(batch, heads, kv_heads, 77, head_dim, DTYPES[0], layout)
+    tensors = [t.detach() for t in inputs.values()]
+    q, k = tensors[:2]
+    scale = default_softmax_scale(head_dim)
+    o, lse = run_forward(*tensors, False, None, layout, scale)
+    plan = call_plan(q, k, False, None, layout, scale, "atomic", "atomic")
+    nan = float("nan")
+    buffers = {"dQ": torch.full(plan.dq_accum_shape, nan, device="cuda")}
+    for label, (shape, dtype) in (("dK", plan.dk_buffer), ("dV", plan.dv_buffer)):
+        buffers[label] = torch.full(shape, nan, dtype=dtype, device="cuda")
+    plan.preprocess(o, do, torch.full_like(lse, nan), *buffers.values())
+    # One query head per KV head: dK/dV are written directly, not zeroed.
+    targets = ["dQ", "dK", "dV"] if heads != kv_heads else ["dQ"]
+    for label in targets:
+        left = (buffers[label] != 0).sum().item()
+        assert left == 0, f"{label}: {left} of {buffers[label].numel()} elements not zeroed"
+
+
+@requires_cuda
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("causal, window", MASKS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_atomics_accumulate(dtype, causal, window, layout):
-    """The main backward run twice on the same zeroed fp32 buffers must give twice the first run."""
+    """The main backward run twice on the same fp32 buffers (zeroed by the preprocess) must give
+    twice the first run."""
     shape = ATOMIC_SHAPE
     inputs, do = make_inputs(*shape, dtype, layout)
     grouped = shape[1] != shape[2]
@@ -308,6 +308,8 @@ def test_atomics_accumulate(dtype, causal, window, layout):
     )
     once = {label: b.clone() for label, b in atomic.items()}
     launch()
+    for label, buffer in once.items():
+        assert torch.isfinite(buffer).all(), f"{label}: the preprocess left unzeroed (NaN) elements"
     for label, twice in atomic.items():
         assert (
             once[label].abs().max().item() > 0

@@ -15,7 +15,7 @@ from pydantic import Field, StrictBool
 
 from opgen.families.contract import Family
 from opgen.plan import (DTYPE_BYTES, CompileJob, FlopsBenchCase, GradPlan, PlanBase, SourceInfo,
-                        Sweep, Table, base_fields, buffer_description, ceildiv, explain_tables,
+                        Sweep, Table, base_fields, ceildiv, explain_tables,
                         flops_table, format_bytes, kernel_plan, over_smem_limit, refuse_shape,
                         whole_kib)
 from opgen.spec import (BenchSection, GemmTiling, PositiveInt, Reduction, ReductionKind, RowTiling,
@@ -559,19 +559,22 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
                       "O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain)"
                       + (", sinks in every row's denominator" if section.sinks else ""),
                       "(ceildiv(seq_len, block_m), heads, batch)", t.fwd, (3 + sink_arg, 4 + sink_arg)),
-        "preprocess": kernel("preprocess", "bwd_preprocess", "bwd_preprocess", "Delta = rowsum(O * dO)",
+        "preprocess": kernel("preprocess", "bwd_preprocess", "bwd_preprocess",
+                             "Delta = rowsum(O * dO); zeroes the fp32 atomic targets of the bwd kernel",
                              "(ceildiv(seq_len, block_m), heads, batch)", t.preprocess, (2,)),
         "bwd": kernel("bwd", "bwd", "bwd",
                       "dQ by fp32 atomics; dK, dV per query head, written, split or atomically added",
                       "(heads, ceildiv(seq_len, block_m), batch)", t.bwd, None),
         "postprocess": kernel("postprocess", "bwd_postprocess", "bwd_postprocess",
-                              "cast the fp32 dQ accumulator (fragment layout) to the input dtype",
-                              "(ceildiv(seq_len, block_m), heads, batch)", t.postprocess, (1,)),
+                              "cast the fp32 dQ accumulator (fragment layout) to the input dtype; "
+                              "grouped KV heads: dK and dV from their fp32 buffers too",
+                              "(ceildiv(seq_len, block_m), heads (+ kv_heads: dK/dV not direct), batch)",
+                              t.postprocess, (1,)),
     }
     if section.sinks:
         kernels["dsinks"] = kernel("dsinks", "bwd_dsinks", "bwd_param",
-                                   "per-row dsinks terms -exp(sink - lse) * Delta (summed on the host)",
-                                   "(ceildiv(seq_len, block_m), heads, batch)", t.dsinks, (3,))
+                                   "dsinks = sum over batch and rows of -exp(sink - lse) * Delta, "
+                                   "in a fixed order", "(heads,)", t.dsinks, (3,))
 
     tuned = tuned_tables(spec)
     tiling_exprs = {
@@ -581,19 +584,20 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     }
 
     notes = {
-        "atomic": "fp32 atomics into a zeroed buffer, then a cast",
-        "split": "one fp32 partial per query head of a group, summed afterwards (deterministic)",
+        "atomic": "fp32 atomics into a buffer the preprocess zeroes, then the postprocess cast",
+        "split": "one fp32 partial per query head of a group, summed by the postprocess in a fixed order",
         "direct": "written once by its KV block",
     }
     grads = [
         GradPlan("dq", "q", chosen["dq"],
-                 "fp32 atomics from every KV block, then the postprocess cast"),
+                 "fp32 atomics from every KV block into a buffer the preprocess zeroes, then the "
+                 "postprocess cast"),
     ]
     for grad, inp in (("dk", "k"), ("dv", "v")):
         grads.append(GradPlan(grad, inp, chosen[grad], notes[chosen[grad]]))
     if section.sinks:
         grads.append(GradPlan("dsinks", "sinks", chosen["dsinks"],
-                              "per-row terms written once, summed over batch and rows on the host"))
+                              "per-row terms summed over batch and rows by one block per head"))
 
     tensor_inputs = ("q", "k", "v", "sinks") if section.sinks else ("q", "k", "v")
     # The ops always take a window (0 when the spec has no sliding window), so their signatures
@@ -723,14 +727,24 @@ def _compile_jobs(spec, kernels, tuned, chosen, test_cases, mask_cases) -> tuple
                 jobs.append(CompileJob(
                     k.factory, (g, 1, dim, mask.causal, window, layout, dtype, scale, dk, dv),
                     tiling("bwd"), f"bwd {tag} {mask.id} {modes}"))
-        for key in ("preprocess", "postprocess"):
+        # The preprocess zeroes, and the postprocess finishes, the dK/dV buffers of each mode.
+        for key, (g, dk, dv) in itertools.product(("preprocess", "postprocess"), bwd_modes):
             k = kernels[key]
-            jobs.append(CompileJob(k.factory, (1, dim, layout, dtype), k.tiling,
-                                   f"{k.phase} {tag}"))
+            jobs.append(CompileJob(k.factory, (g, 1, dim, layout, dtype, dk, dv), k.tiling,
+                                   f"{k.phase} {tag} groups={g} dk={dk} dv={dv}"))
     if "dsinks" in kernels:
         k = kernels["dsinks"]
         jobs.append(CompileJob(k.factory, (1,), k.tiling, "bwd_dsinks"))
     return tuple(jobs)
+
+
+# Every backward buffer is allocated empty: the preprocess zeroes the fp32 atomic targets for the
+# rows it covers (no fill launch), and the split partials and direct gradients are written once.
+BUFFERS = {
+    "atomic": "fp32 atomic target (torch.empty, zeroed by the preprocess)",
+    "split": "fp32 partials, summed by the postprocess (torch.empty)",
+    "direct": "written once (torch.empty)",
+}
 
 
 def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
@@ -753,8 +767,9 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
         "fwd": (blocks("fwd"), h, b),
         "preprocess": (blocks("preprocess"), h, b),
         "bwd": (h, blocks("bwd"), b),
-        "postprocess": (blocks("postprocess"), h, b),
-        "dsinks": (blocks("dsinks") if p.sinks else 0, h, b),
+        # Grouped KV heads: kv more blocks finish dK and dV.
+        "postprocess": (blocks("postprocess"), h + kv if groups > 1 else h, b),
+        "dsinks": (h,),
     }
     sizes = {"q": b * h * s * d * elem, "k": b * kv * s * d * elem, "v": b * kv * s * d * elem,
              "sinks": h * (4 if p.sinks_dtype_expr == "torch.float32" else elem),
@@ -765,10 +780,11 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
         if g.grad == "dq":
             size = b * h * ceildiv(s, 8) * 8 * d * 4
         elif g.grad == "dsinks":
-            size = b * h * s * 4
+            size = h * 4
         else:
             size = b * kv * s * d * {"atomic": 4, "split": 4 * groups, "direct": elem}[mode]
-        reductions.append([g.grad, mode, buffer_description(mode), format_bytes(size), g.note])
+        reductions.append([g.grad, mode, BUFFERS[mode] if g.grad != "dsinks" else "fp32 sums",
+                           format_bytes(size), g.note])
     fwd = flops_fwd(b, h, s, d, causal, window)
     return explain_tables(
         p, (f"batch={b} heads={h} kv_heads={kv} seq_len={s} head_dim={d} causal={causal} "

@@ -35,14 +35,6 @@ HEAD_DIMS = [64]
 # dK/dV reduction across the query heads of a group (spec [grads]); one group writes directly.
 DK_REDUCTION = "direct"
 DV_REDUCTION = "direct"
-# The buffer each gradient reduction writes into: fp32 atomic targets start at zero; direct writes
-# and split partials are written once per element.
-ALLOC = {
-    "atomic": torch.zeros,
-    "direct": torch.empty,
-    "split": torch.empty,
-}
-
 # Compiled kernels by factory and arguments. Each entry is the kernel's compiled entry point: it
 # checks every argument's shape, dtype and device, binds the symbolic dims and launches on the
 # current stream. Calling it directly saves the ~20 us of host time that TileLang's Python
@@ -261,7 +253,7 @@ def variant_calls(
         ),
         "preprocess": (
             attention_recompute_bwd_preprocess,
-            (heads, head_dim, layout, dtype),
+            (heads, kv_heads, head_dim, layout, dtype, dk_reduction, dv_reduction),
             PREPROCESS_TILING,
         ),
         "bwd": (
@@ -282,7 +274,7 @@ def variant_calls(
         ),
         "postprocess": (
             attention_recompute_bwd_postprocess,
-            (heads, head_dim, layout, dtype),
+            (heads, kv_heads, head_dim, layout, dtype, dk_reduction, dv_reduction),
             POSTPROCESS_TILING,
         ),
     }
@@ -293,35 +285,118 @@ def launcher(call):
     return kernel(factory, *args, **tiling)
 
 
-def run_forward(q, k, v, causal, window, layout, softmax_scale):
-    """The forward kernel: returns O and lse (fp32, log2 domain, of the scaled scores)."""
-    batch, heads, seq_len, head_dim = dims(q, layout)
+class CallPlan:
+    """What a call's metadata (q's and k's shapes, the dtype, causal, window, layout, the scale
+    and the dK/dV reductions) determines, worked out once per distinct metadata: each phase's
+    compiled kernel and the shapes of the buffers. The first plan of a new variant builds all of
+    its kernels at once, in parallel. At a small shape each lookup this saves costs more host time
+    than the kernels take, and more still in the backward, on autograd's device thread."""
+
+    __slots__ = (
+        "seq_len",
+        "lse_shape",
+        "dq_accum_shape",
+        "dk_buffer",
+        "dv_buffer",
+        "finish_dkv",
+        "fwd",
+        "preprocess",
+        "bwd",
+        "postprocess",
+    )
+
+    def __init__(self, q, k, causal, window, layout, softmax_scale, dk_reduction, dv_reduction):
+        batch, heads, seq_len, head_dim = dims(q, layout)
+        kv_heads = dims(k, layout)[1]
+        dtype = DTYPE_NAMES[q.dtype]
+        dk_reduction, dv_reduction = reductions(heads, kv_heads, dk_reduction, dv_reduction)
+        calls = variant_calls(
+            heads,
+            kv_heads,
+            head_dim,
+            causal,
+            window,
+            layout,
+            dtype,
+            softmax_scale,
+            dk_reduction,
+            dv_reduction,
+        )
+        prebuild(calls.values())
+        self.fwd = launcher(calls["fwd"])
+        self.preprocess = launcher(calls["preprocess"])
+        self.bwd = launcher(calls["bwd"])
+        self.postprocess = launcher(calls["postprocess"])
+        self.seq_len = seq_len
+        # Rows past seq_len are padding the kernels write and the backward's masked tiles read.
+        self.lse_shape = (batch, heads, padded_rows(seq_len))
+        self.dq_accum_shape = shape_of(layout, batch, heads, padded_rows(seq_len), head_dim)
+        # (shape, dtype) of the buffer the bwd kernel writes dK, and dV, into.
+        dk_shape, dk_dtype = dkv_buffer(
+            layout, dk_reduction, batch, heads, kv_heads, seq_len, head_dim, dtype
+        )
+        dv_shape, dv_dtype = dkv_buffer(
+            layout, dv_reduction, batch, heads, kv_heads, seq_len, head_dim, dtype
+        )
+        self.dk_buffer = dk_shape, TORCH_DTYPES[dk_dtype]
+        self.dv_buffer = dv_shape, TORCH_DTYPES[dv_dtype]
+        # Direct dK/dV are the gradients; else the postprocess finishes them from fp32 buffers.
+        self.finish_dkv = dk_reduction != "direct"
+
+
+# CallPlans by metadata. Bounded: a run over ever new shapes (a length sweep) starts it afresh.
+PLANS = {}
+MAX_PLANS = 4096
+
+
+def call_plan(
+    q,
+    k,
+    causal,
+    window,
+    layout,
+    softmax_scale,
+    dk_reduction=DK_REDUCTION,
+    dv_reduction=DV_REDUCTION,
+):
+    """The CallPlan of a non-empty call (made on first use of its metadata); window None or 0: none."""
+    window = window or 0
+    key = (
+        q.shape,
+        k.shape,
+        q.dtype,
+        causal,
+        window,
+        layout,
+        softmax_scale,
+        dk_reduction,
+        dv_reduction,
+    )
+    found = PLANS.get(key)
+    if found is None:
+        if len(PLANS) >= MAX_PLANS:
+            PLANS.clear()
+        found = PLANS[key] = CallPlan(
+            q, k, causal, window, layout, softmax_scale, dk_reduction, dv_reduction
+        )
+    return found
+
+
+def run_forward(q, k, v, causal, window, layout, softmax_scale, plan=None):
+    """The forward kernel: returns O and lse (fp32, log2 domain, of the scaled scores). q, k and v
+    start 16-byte aligned (aligned_start); plan: the call's CallPlan, if at hand."""
     if q.numel() == 0:
         # batch, heads or seq_len 0: empty work builds and launches no kernel.
+        batch, heads, seq_len, _ = dims(q, layout)
         return q.new_empty(q.shape), q.new_empty(
             (batch, heads, padded_rows(seq_len)), dtype=torch.float32
         )
-    kv_heads = dims(k, layout)[1]
-    calls = variant_calls(
-        heads,
-        kv_heads,
-        head_dim,
-        causal,
-        window or 0,
-        layout,
-        DTYPE_NAMES[q.dtype],
-        softmax_scale,
-        *reductions(heads, kv_heads),
-    )
-    if kernel_key(*calls["fwd"]) not in KERNELS:
-        prebuild(calls.values())  # a new variant: its backward's kernels too, in parallel
-    fwd = launcher(calls["fwd"])
-    q, k, v = aligned_start(q), aligned_start(k), aligned_start(v)
+    if plan is None:
+        plan = call_plan(q, k, causal, window, layout, softmax_scale)
     # Dense, whatever q's strides (empty_like would copy a transposed q's).
     o = q.new_empty(q.shape)
-    # Rows past seq_len are padding the kernels write and the backward's masked tiles read.
-    lse = q.new_empty((batch, heads, padded_rows(seq_len)), dtype=torch.float32)
-    fwd(q, k, v, o, lse)
+    lse = q.new_empty(plan.lse_shape, dtype=torch.float32)
+    plan.fwd(q, k, v, o, lse)
     return o, lse
 
 
@@ -338,61 +413,39 @@ def run_backward(
     softmax_scale,
     dk_reduction=DK_REDUCTION,
     dv_reduction=DV_REDUCTION,
+    plan=None,
 ):
-    """Every backward phase in order; returns dq, dk, dv."""
+    """Every backward phase in order; returns dq, dk, dv. q, k and v start
+    16-byte aligned (aligned_start); plan: the call's CallPlan (with its reductions), if at hand."""
     if q.numel() == 0:
         # Empty work builds and launches no kernel. Each gradient is a sum over no terms: zeros
         # of its input's shape (empty where the input is).
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    batch, heads, seq_len, head_dim = dims(q, layout)
-    kv_heads = dims(k, layout)[1]
-    groups = heads // kv_heads
-    dtype = DTYPE_NAMES[q.dtype]
-    dk_reduction, dv_reduction = reductions(heads, kv_heads, dk_reduction, dv_reduction)
-    calls = variant_calls(
-        heads,
-        kv_heads,
-        head_dim,
-        causal,
-        window or 0,
-        layout,
-        dtype,
-        softmax_scale,
-        dk_reduction,
-        dv_reduction,
-    )
-    # Autograd may hand a non-contiguous or differently typed gradient.
-    do = do.contiguous().to(q.dtype)
-    q, k, v = aligned_start(q), aligned_start(k), aligned_start(v)
-
+    if plan is None:
+        plan = call_plan(q, k, causal, window, layout, softmax_scale, dk_reduction, dv_reduction)
+    # Autograd may hand a differently typed, non-contiguous (expanded) or offset gradient; the
+    # kernels read dO dense and aligned.
+    if do.dtype != q.dtype:
+        do = do.to(q.dtype)
+    if not (do.is_contiguous() and start_aligned(do)):
+        do = do.clone(memory_format=torch.contiguous_format)
+    # No buffer is zero-filled here: the preprocess zeroes the fp32 atomic targets (dQ's
+    # accumulator, and atomic dK/dV buffers) before the bwd kernel adds into them.
     delta = lse.new_empty(lse.shape)
-    launcher(calls["preprocess"])(o, do, delta)
-
-    def dkv_alloc(reduction):
-        shape, buffer_dtype = dkv_buffer(
-            layout, reduction, batch, heads, kv_heads, seq_len, head_dim, dtype
-        )
-        return ALLOC[reduction](shape, dtype=TORCH_DTYPES[buffer_dtype], device=q.device)
-
-    def dkv_finish(buffer, reduction):
-        if reduction == "direct":
-            return buffer
-        if reduction == "split":
-            # Sum the per-head fp32 partials in a fixed order: deterministic.
-            buffer = buffer.view(groups, *k.shape).sum(0)
-        return buffer.to(q.dtype)
-
-    dq_accum = torch.zeros(
-        shape_of(layout, batch, heads, padded_rows(seq_len), head_dim),
-        dtype=torch.float32,
-        device=q.device,
-    )
-    dk_buffer, dv_buffer = dkv_alloc(dk_reduction), dkv_alloc(dv_reduction)
-    launcher(calls["bwd"])(q, k, v, do, lse, delta, dq_accum, dk_buffer, dv_buffer)
-
+    dq_accum = lse.new_empty(plan.dq_accum_shape)
+    dk_shape, dk_dtype = plan.dk_buffer
+    dv_shape, dv_dtype = plan.dv_buffer
+    dk_buffer = q.new_empty(dk_shape, dtype=dk_dtype)
+    dv_buffer = q.new_empty(dv_shape, dtype=dv_dtype)
+    plan.preprocess(o, do, delta, dq_accum, dk_buffer, dv_buffer)
+    plan.bwd(q, k, v, do, lse, delta, dq_accum, dk_buffer, dv_buffer)
     dq = q.new_empty(q.shape)  # dense, as o
-    launcher(calls["postprocess"])(dq_accum, dq)
-    dk, dv = dkv_finish(dk_buffer, dk_reduction), dkv_finish(dv_buffer, dv_reduction)
+    if plan.finish_dkv:
+        dk, dv = q.new_empty(k.shape), q.new_empty(v.shape)
+        plan.postprocess(dq_accum, dq, dk_buffer, dk, dv_buffer, dv)
+    else:
+        plan.postprocess(dq_accum, dq)
+        dk, dv = dk_buffer, dv_buffer
     return dq, dk, dv
 
 
@@ -406,6 +459,7 @@ def forward(
     softmax_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, lse: fp32, log2 domain); window 0: no sliding window."""
+    q, k, v = aligned_start(q), aligned_start(k), aligned_start(v)
     with on_device(q):
         return run_forward(q, k, v, causal, window, layout, softmax_scale)
 
@@ -423,6 +477,7 @@ def backward_phases(
     softmax_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) by every backward phase, with the spec's dK/dV reductions."""
+    q, k, v = aligned_start(q), aligned_start(k), aligned_start(v)
     return run_backward(q, k, v, o, lse, do, causal, window, layout, softmax_scale)
 
 
@@ -461,15 +516,11 @@ def setup_context(ctx, inputs, output):
     ctx.causal, ctx.window, ctx.layout, ctx.softmax_scale = causal, window, layout, softmax_scale
 
 
-# The phases backward() calls: the custom ops here, their Python functions on the eager path.
-OP_PHASES = {"fwd": forward_op, "bwd": backward_op}
-
-
-def backward(ctx, do, _dlse, phases=OP_PHASES):
+def backward(ctx, do, _dlse):
     q, k, v = ctx.saved_tensors
     # Not saved by the forward (spec [saved]): o, lse. Rerun the forward kernel.
-    o, lse = phases["fwd"](q, k, v, ctx.causal, ctx.window, ctx.layout, ctx.softmax_scale)
-    dq, dk, dv = phases["bwd"](
+    o, lse = forward_op(q, k, v, ctx.causal, ctx.window, ctx.layout, ctx.softmax_scale)
+    dq, dk, dv = backward_op(
         q, k, v, o, lse, do, ctx.causal, ctx.window, ctx.layout, ctx.softmax_scale
     )
     # One gradient per forward input; None for causal, window, layout and softmax_scale.
@@ -482,24 +533,52 @@ forward_op.register_autograd(backward, setup_context=setup_context)
 # Eagerly on CUDA tensors the formula runs as a plain autograd.Function: the dispatch of a
 # torch.library op costs more host time than its kernels take at small shapes. torch.compile,
 # torch.export, fake tensors and tensor subclasses take the ops.
-EAGER_PHASES = {"fwd": forward, "bwd": backward_phases}
-
-
 class EagerFunction(torch.autograd.Function):
-    """The custom ops' formula, calling the phases' Python functions.
+    """The formula of the ops above with the least Python per call. Autograd runs backward() on
+    its CUDA device thread, where each Python or torch call costs 1.5-3x its host time on the
+    caller's thread; so one output (lse stays on ctx: no gradient of it to route), the call's
+    CallPlan looked up in the forward, and backward() calling run_backward itself.
     forward(ctx, ...) does setup_context's work: with a separate setup_context, every apply()
     binds its arguments through inspect.signature (~30 us). Transforms (vmap, grad) need the
     separate one, and take the custom ops (see eager())."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        output = forward(*inputs)
-        setup_context(ctx, inputs, output)
-        return output
+    def forward(ctx, q, k, v, causal, window, layout, softmax_scale):
+        q, k, v = aligned_start(q), aligned_start(k), aligned_start(v)
+        plan = call_plan(q, k, causal, window, layout, softmax_scale) if q.numel() else None
+        with on_device(q):
+            o, lse = run_forward(q, k, v, causal, window, layout, softmax_scale, plan)
+        ctx.save_for_backward(q, k, v)
+        ctx.plan = plan
+        ctx.causal, ctx.window, ctx.layout, ctx.softmax_scale = (
+            causal,
+            window,
+            layout,
+            softmax_scale,
+        )
+        return o
 
     @staticmethod
-    def backward(ctx, *grads):
-        return backward(ctx, *grads, phases=EAGER_PHASES)
+    def backward(ctx, do):
+        q, k, v = ctx.saved_tensors
+        # Not saved by the forward (spec [saved]): o, lse. Rerun the forward kernel.
+        o, lse = run_forward(
+            q, k, v, ctx.causal, ctx.window, ctx.layout, ctx.softmax_scale, ctx.plan
+        )
+        dq, dk, dv = run_backward(
+            q,
+            k,
+            v,
+            o,
+            lse,
+            do,
+            ctx.causal,
+            ctx.window,
+            ctx.layout,
+            ctx.softmax_scale,
+            plan=ctx.plan,
+        )
+        return dq, dk, dv, None, None, None, None
 
 
 def eager(t):
@@ -566,8 +645,9 @@ def apply_op(q, k, v, causal, window, layout, softmax_scale=None):
     softmax_scale = (
         default_softmax_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     )
-    function = EagerFunction.apply if eager(q) else forward_op
-    return function(q, k, v, causal, window or 0, layout, softmax_scale)[0]
+    if eager(q):
+        return EagerFunction.apply(q, k, v, causal, window or 0, layout, softmax_scale)
+    return forward_op(q, k, v, causal, window or 0, layout, softmax_scale)[0]
 
 
 def autocast_inputs(*tensors):

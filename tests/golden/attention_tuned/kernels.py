@@ -21,6 +21,9 @@ ACCUM = "float32"
 # Running row max starts finite: a row whose first key blocks are all masked (sliding window)
 # would otherwise compute exp2(-inf - -inf) = NaN.
 NEG_INIT = -1e30
+# The dsinks kernel's block reads this many blocks of rows per step: that many loads in flight
+# per thread, where one at a time would leave a long chain of serial memory latencies.
+DSINKS_LOADS = 8
 
 
 def default_softmax_scale(dim):
@@ -122,9 +125,10 @@ def dkv_buffer(layout, reduction, batch, heads, kv_heads, seq_len, dim, dtype):
     """Shape and dtype of the dK/dV buffer the bwd kernel writes for a reduction mode.
 
     direct (one query head per KV head): dK/dV themselves, each element written once.
-    atomic: fp32 [.., kv_heads, ..] that every query head of a group adds into (zeroed first).
+    atomic: fp32 [.., kv_heads, ..] that every query head of a group adds into (zeroed by the
+    preprocess, cast by the postprocess).
     split: one fp32 partial per query head of a group, stacked along batch (groups * batch),
-    summed afterwards in a fixed order (deterministic).
+    summed by the postprocess in a fixed order (deterministic).
     """
     if reduction == "direct":
         return _shape(layout, batch, kv_heads, seq_len, dim), dtype
@@ -318,29 +322,61 @@ def attention_tuned_fwd(
 
 
 @tilelang.jit
-def attention_tuned_bwd_preprocess(heads, dim, layout, dtype, block_m, threads):
-    """Delta = rowsum(O * dO). Grid (ceildiv(seq_len, block_m), heads, batch)."""
+def attention_tuned_bwd_preprocess(
+    heads, kv_heads, dim, layout, dtype, dk_reduction, dv_reduction, block_m, threads
+):
+    """Delta = rowsum(O * dO); zeroes the fp32 atomic targets of the bwd kernel. Grid (ceildiv(seq_len, block_m), heads, batch).
+
+    The bwd kernel adds into the fp32 dQ accumulator (and an atomic dK/dV buffer) with atomics,
+    so they must start at zero: each block zeroes its rows of them here, which saves a fill
+    launch per buffer. Block (bx, by, bz) zeroes rows [bx * block_m, (bx + 1) * block_m) of query
+    head by in dQ, and of KV head by in an atomic dK/dV buffer where by < kv_heads. block_m is a
+    multiple of 8, so the grid covers all padded_rows rows of dQ. Zeros are zeros in any order:
+    the plain row order here covers the same elements as the fragment layout the bwd kernel
+    and the postprocess give dQ (every row of every head, each once).
+    """
     batch, seq_len = runtime_dims()
     shape = _shape(layout, batch, heads, seq_len, dim)
+    dq_shape = _shape(layout, batch, heads, padded_dim(), dim)
+    dk_shape, dk_dtype = dkv_buffer(
+        layout, dk_reduction, batch, heads, kv_heads, seq_len, dim, dtype
+    )
+    dv_shape, dv_dtype = dkv_buffer(
+        layout, dv_reduction, batch, heads, kv_heads, seq_len, dim, dtype
+    )
     rows, _ = _indexers(layout)
+
+    @T.macro
+    def zero_if_atomic(buffer, reduction, zeros, bx, h, bz):
+        if reduction == "atomic":
+            T.copy(zeros, rows(buffer, bz, h, bx * block_m, block_m))
 
     @T.prim_func
     def bwd_preprocess(
         O: T.Tensor(shape, dtype),
         dO: T.Tensor(shape, dtype),
         Delta: T.Tensor([batch, heads, padded_dim()], ACCUM),
+        dQ: T.Tensor(dq_shape, ACCUM),
+        dK: T.Tensor(dk_shape, dk_dtype),
+        dV: T.Tensor(dv_shape, dv_dtype),
     ):
         with T.Kernel(T.ceildiv(seq_len, block_m), heads, batch, threads=threads) as (bx, by, bz):
             o = T.alloc_fragment([block_m, dim], dtype)
             do = T.alloc_fragment([block_m, dim], dtype)
             acc = T.alloc_fragment([block_m, dim], ACCUM)
             delta = T.alloc_fragment([block_m], ACCUM)
+            zeros = T.alloc_fragment([block_m, dim], ACCUM)
             T.copy(rows(O, bz, by, bx * block_m, block_m), o)
             T.copy(rows(dO, bz, by, bx * block_m, block_m), do)
             for i, j in T.Parallel(block_m, dim):
                 acc[i, j] = T.cast(o[i, j], ACCUM) * T.cast(do[i, j], ACCUM)
             T.reduce_sum(acc, delta, dim=1)
             T.copy(delta, Delta[bz, by, bx * block_m : (bx + 1) * block_m])
+            T.clear(zeros)
+            T.copy(zeros, rows(dQ, bz, by, bx * block_m, block_m))
+            if by < kv_heads:
+                zero_if_atomic(dK, dk_reduction, zeros, bx, by, bz)
+                zero_if_atomic(dV, dv_reduction, zeros, bx, by, bz)
 
     return bwd_preprocess
 
@@ -365,7 +401,8 @@ def attention_tuned_bwd(
     """dQ by fp32 atomics; dK, dV per query head, written, split or atomically added. Grid (heads, ceildiv(seq_len, block_m), batch).
 
     One block per (query head, KV block): it walks the query blocks that see its keys. dQ (fp32,
-    zeroed, atomic target, padded_rows rows) and the dK/dV buffers of `dkv_buffer` are passed in.
+    atomic target zeroed by the preprocess, padded_rows rows) and the dK/dV buffers of
+    `dkv_buffer` are passed in.
     softmax_scale: the forward's (P is recomputed from lse with it; dS carries it into dQ, dK).
     """
     batch, seq_len = runtime_dims()
@@ -485,22 +522,86 @@ def attention_tuned_bwd(
 
 
 @tilelang.jit
-def attention_tuned_bwd_postprocess(heads, dim, layout, dtype, block_m, threads):
-    """cast the fp32 dQ accumulator (fragment layout) to the input dtype. Grid (ceildiv(seq_len, block_m), heads, batch)."""
+def attention_tuned_bwd_postprocess(
+    heads, kv_heads, dim, layout, dtype, dk_reduction, dv_reduction, block_m, threads
+):
+    """cast the fp32 dQ accumulator (fragment layout) to the input dtype; grouped KV heads: dK and dV from their fp32 buffers too. Grid (ceildiv(seq_len, block_m), heads (+ kv_heads: dK/dV not direct), batch).
+
+    Blocks by < heads cast query head by of the fp32 dQ accumulator. Where dK and dV are not
+    written directly (grouped KV heads), kv_heads more blocks finish KV head by - heads of both:
+    a split buffer's per-head partials summed in a fixed order (deterministic), an atomic one's
+    sum as it is, cast to dtype. One launch for every gradient the bwd kernel leaves in fp32.
+    """
     batch, seq_len = runtime_dims()
+    groups = heads // kv_heads
     shape = _shape(layout, batch, heads, seq_len, dim)
     dq_shape = _shape(layout, batch, heads, padded_dim(), dim)
+    kv_shape = _shape(layout, batch, kv_heads, seq_len, dim)
+    dk_shape, dk_dtype = dkv_buffer(
+        layout, dk_reduction, batch, heads, kv_heads, seq_len, dim, dtype
+    )
+    dv_shape, dv_dtype = dkv_buffer(
+        layout, dv_reduction, batch, heads, kv_heads, seq_len, dim, dtype
+    )
     rows, _ = _indexers(layout)
+
+    @T.macro
+    def cast_dq(dQ, dQ_out, bx, by, bz):
+        T.copy(rows(dQ, bz, by, bx * block_m, block_m), rows(dQ_out, bz, by, bx * block_m, block_m))
+
+    if dk_reduction == dv_reduction == "direct":
+
+        @T.prim_func
+        def bwd_postprocess(
+            dQ: T.Tensor(dq_shape, ACCUM),
+            dQ_out: T.Tensor(shape, dtype),
+        ):
+            with T.Kernel(T.ceildiv(seq_len, block_m), heads, batch, threads=threads) as (
+                bx,
+                by,
+                bz,
+            ):
+                T.annotate_layout({dQ: _dq_layout(layout, dQ)})
+                cast_dq(dQ, dQ_out, bx, by, bz)
+
+        return bwd_postprocess
+
+    @T.macro
+    def finish_dkv(buffer, out, reduction, acc, part, bx, h, bz):
+        if reduction == "split":
+            # Partial g of batch row bz sits at g * batch + bz: summed g = 0, 1, ... in order.
+            T.copy(rows(buffer, bz, h, bx * block_m, block_m), acc)
+            for g in range(1, groups):
+                T.copy(rows(buffer, g * batch + bz, h, bx * block_m, block_m), part)
+                for i, j in T.Parallel(block_m, dim):
+                    acc[i, j] += part[i, j]
+            T.copy(acc, rows(out, bz, h, bx * block_m, block_m))
+        else:
+            T.copy(
+                rows(buffer, bz, h, bx * block_m, block_m), rows(out, bz, h, bx * block_m, block_m)
+            )
 
     @T.prim_func
     def bwd_postprocess(
         dQ: T.Tensor(dq_shape, ACCUM),
         dQ_out: T.Tensor(shape, dtype),
+        dK: T.Tensor(dk_shape, dk_dtype),
+        dK_out: T.Tensor(kv_shape, dtype),
+        dV: T.Tensor(dv_shape, dv_dtype),
+        dV_out: T.Tensor(kv_shape, dtype),
     ):
-        with T.Kernel(T.ceildiv(seq_len, block_m), heads, batch, threads=threads) as (bx, by, bz):
+        with T.Kernel(T.ceildiv(seq_len, block_m), heads + kv_heads, batch, threads=threads) as (
+            bx,
+            by,
+            bz,
+        ):
+            acc = T.alloc_fragment([block_m, dim], ACCUM)
+            part = T.alloc_fragment([block_m, dim], ACCUM)
             T.annotate_layout({dQ: _dq_layout(layout, dQ)})
-            T.copy(
-                rows(dQ, bz, by, bx * block_m, block_m), rows(dQ_out, bz, by, bx * block_m, block_m)
-            )
+            if by < heads:
+                cast_dq(dQ, dQ_out, bx, by, bz)
+            else:
+                finish_dkv(dK, dK_out, dk_reduction, acc, part, bx, by - heads, bz)
+                finish_dkv(dV, dV_out, dv_reduction, acc, part, bx, by - heads, bz)
 
     return bwd_postprocess
