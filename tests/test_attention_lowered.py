@@ -1,0 +1,84 @@
+"""The lowered CUDA of the attention backward's small kernels (TileLang lowering for sm_90a on
+the CPU, no nvcc; `opgen build` compiles them): the preprocess zeroes the fp32 atomic targets with
+16-byte stores, each guarded by its buffer's rows; the postprocess finishes split dK/dV from
+16-byte loads of the partials, summed in a loop over the groups, with no atomics; the dsinks
+kernel's one store per head comes from one thread."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import import_generated
+
+pytestmark = [pytest.mark.compile, pytest.mark.xdist_group("attention_lowered")]
+
+TILING = {"preprocess": {"block_m": 32, "threads": 128}, "postprocess": {"block_m": 64, "threads": 128},
+          "dsinks": {"block_m": 128, "threads": 128}}
+
+
+def lower(factory, args, tiling) -> str:
+    """The kernel's CUDA source, lowered as the compile check lowers it (without nvcc)."""
+    import tilelang
+    from tvm import transform
+    from tvm.target import Target
+
+    target = {"kind": "cuda", "arch": "sm_90a"}
+    func = factory.get_tir(*args, **tiling)
+    with transform.PassContext(opt_level=3, config=factory.pass_configs), Target(target):
+        source = tilelang.lower(func, target=target).kernel_source
+    return source[source.index("__launch_bounds__"):]
+
+
+@pytest.fixture(scope="module")
+def lowered():
+    sink = import_generated("attention_sink", "kernels")
+    gqa = import_generated("gqa", "kernels")
+    return {
+        "preprocess atomic": lower(sink.attention_sink_bwd_preprocess,
+                                   (32, 8, 64, "bshd", "bfloat16", "atomic", "atomic"), TILING["preprocess"]),
+        "preprocess split": lower(gqa.gqa_bwd_preprocess,
+                                  (32, 8, 128, "bshd", "bfloat16", "split", "split"), TILING["preprocess"]),
+        "postprocess split": lower(gqa.gqa_bwd_postprocess,
+                                   (32, 8, 128, "bshd", "bfloat16", "split", "split"), TILING["postprocess"]),
+        "dsinks": lower(sink.attention_sink_bwd_dsinks, (32,), TILING["dsinks"]),
+    }
+
+
+def zero_stores(source, buffer):
+    """The guards of the 16-byte zero stores into `buffer`."""
+    return re.findall(r"if \(\((.*?)\) < (\w+)\) \{\s*\*\(float4\*\)\(" + buffer + r" \+", source)
+
+
+def test_preprocess_zeroes_dq_with_vector_stores_over_its_padded_rows(lowered):
+    for label in ("preprocess atomic", "preprocess split"):
+        stores = zero_stores(lowered[label], "dQ")
+        assert stores and all(bound.startswith("padded_rows") for _, bound in stores), (label, stores)
+
+
+def test_preprocess_zeroes_atomic_dkv_only(lowered):
+    atomic = lowered["preprocess atomic"]
+    for buffer in ("dK", "dV"):
+        stores = zero_stores(atomic, buffer)
+        assert stores and all(bound == "seq_len" for _, bound in stores), (buffer, stores)
+    # The blocks of the first kv_heads (8) query heads zero them.
+    assert "if (((int)blockIdx.y) < 8) {" in atomic
+    split = lowered["preprocess split"]
+    assert not zero_stores(split, "dK") and not zero_stores(split, "dV")
+
+
+def test_postprocess_sums_split_partials_in_order_without_atomics(lowered):
+    source = lowered["postprocess split"]
+    assert "AtomicAdd" not in source and "atomic" not in source.lower()
+    # dQ for blocks y < heads (32), then dK and dV: partial 0, then a loop over the groups.
+    assert "if (((int)blockIdx.y) < 32) {" in source
+    assert len(re.findall(r"for \(int g\w* = 1; g\w* < 4; \+\+g\w*\)", source)) == 2, source
+    for buffer in ("dK", "dV"):
+        assert re.search(r"\*\(float4\*\)\(" + buffer + r" \+", source), buffer
+
+
+def test_dsinks_stores_once_per_head(lowered):
+    source = lowered["dsinks"]
+    assert re.search(r"if \(\(\(int\)threadIdx\.x\) == 0\) \{\s*dSinks\[\(\(int\)blockIdx\.x\)\] = ", source), source
+    assert "AtomicAdd" not in source
