@@ -377,14 +377,13 @@ def call_plan(
     dk_reduction=DK_REDUCTION,
     dv_reduction=DV_REDUCTION,
 ):
-    """The CallPlan of a non-empty call (made on first use of its metadata); window None or 0: none."""
-    window = window or 0
+    """The CallPlan of a non-empty call's q, k and flags, made on first use of their metadata."""
     key = (
         q.shape,
         k.shape,
         q.dtype,
         causal,
-        window,
+        window or 0,
         layout,
         softmax_scale,
         dk_reduction,
@@ -395,7 +394,7 @@ def call_plan(
         if len(PLANS) >= MAX_PLANS:
             PLANS.clear()
         found = PLANS[key] = CallPlan(
-            q, k, causal, window, layout, softmax_scale, dk_reduction, dv_reduction
+            q, k, causal, window or 0, layout, softmax_scale, dk_reduction, dv_reduction
         )
     return found
 
