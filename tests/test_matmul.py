@@ -58,7 +58,7 @@ def test_minimal_spec_loads_every_default(project):
     assert spec.matmul.bias is False
     assert (spec.grads.da.reduction, spec.grads.db.reduction, spec.grads.dbias.reduction) == (
         "direct", "direct", "split")
-    assert spec.tiling.fwd == GemmTiling(block_m=128, block_n=128, block_k=64, threads=256,
+    assert spec.tiling.fwd == GemmTiling(block_m=128, block_n=256, block_k=64, threads=256,
                                          num_stages=3)
     assert spec.tiling.da == spec.tiling.db == spec.tiling.fwd
     assert spec.tiling.dbias == DEFAULT_TILING["dbias"]
@@ -80,7 +80,7 @@ def test_shipped_spec_is_the_scaffold_with_a_bias(project):
 
 def test_partial_tiling_override_keeps_the_other_defaults(project):
     p = plan_of(project, MINIMAL + "[tiling.db]\nnum_stages = 2\n")
-    assert p.kernels["db"].tiling == {"block_m": 128, "block_n": 128, "block_k": 64,
+    assert p.kernels["db"].tiling == {"block_m": 128, "block_n": 256, "block_k": 64,
                                       "threads": 256, "num_stages": 2}
     assert p.kernels["fwd"].tiling["num_stages"] == 3
 
@@ -249,10 +249,10 @@ def test_wgmma_warps_follow_the_full_row_policy():
 
 def test_smem_estimate():
     fwd = DEFAULT_TILING["fwd"]
-    # Three stages of a 128x64 and a 64x128 fp16 tile; the 128x128 staging tile reuses them.
-    assert smem_bytes(fwd) == 3 * 2 * 16384 == 98304
+    # Three stages of a 128x64 and a 64x256 fp16 tile; the 128x256 staging tile reuses them.
+    assert smem_bytes(fwd) == 3 * 2 * (8192 + 16384) == 147456
     single = fwd.model_copy(update={"num_stages": 0})
-    assert smem_bytes(single) == 128 * 128 * 2  # the staging tile is the larger
+    assert smem_bytes(single) == 128 * 256 * 2  # the staging tile is the larger
     assert smem_bytes(fwd.model_copy(update={"block_n": 256, "num_stages": 4})) > 0
     assert all(smem_bytes(DEFAULT_TILING[p]) <= SM90_SMEM_LIMIT for p in ("fwd", "da", "db"))
 
@@ -309,9 +309,12 @@ def test_explain_tables(project):
     kernels = tables["kernels"]
     assert kernels[0] == ["factory", "phase", "grid", "tiling", "smem (estimate)", "computes"]
     grids = {row[0]: row[2].rsplit("= ", 1)[1] for row in kernels[1:]}
+    # n = 777 is no multiple of 8: no TMA, so the 128 x 256 tiles launch 128 wide.
     assert grids == {"x_fwd": "(7, 8)", "x_bwd_da": "(3, 8)", "x_bwd_db": "(7, 3)",
                      "x_bwd_dbias": "(4, 32)"}
-    assert kernels[1][4] == "96.0 KiB" and kernels[4][4] == "-"
+    assert kernels[1][4] == "144.0 KiB" and kernels[4][4] == "-"
+    aligned = dict(explain(p, {"m": 1000, "n": 768, "k": 336, "dtype": "float16"}))["kernels"]
+    assert aligned[1][2].endswith("= (3, 8)")  # 768 / 256 columns of C
     saved = {row[0]: row[1] for row in tables["saved for backward"][1:]}
     assert saved["a"] == "656.2 KiB"  # 1000 x 336 x 2 bytes
     dbias = tables["gradient reductions"][3]
