@@ -1,21 +1,22 @@
 #!/bin/bash
-# The GPU work session 11 left, one call each (the device allows 600 s per call; a machine's
-# start takes 1.5-2 of the session's 30 minutes):
-#   1. The CallPlan eager path (templates/_base/autograd_rowwise.py.jinja, run 50: rmsnorm fwd 26.7
-#      us, fwd+bwd 175; scaled_silu within 1.5x eager) carried to swiglu, matmul and the attention
-#      template (gqa's backward makes 7-8 launches), then:
-#        bash docs/profiling/next_gpu_run.sh tests swiglu matmul attention gqa attention_sink
-#        python -m generated.<p>.bench_<p> --overhead   (each package)
-#        python docs/profiling/eager_ladder_probe.py    (rmsnorm's ladder down to the leanest Function)
-#   2. attention_sink's backward at head_dim 64 at the grouped shape (gqa's was re-tuned in run 48
-#      and its tables stand). Tune only what is needed: the whole bwd tune of one spec takes over
-#      4 minutes, so one spec per call:
-#        TUNE_TIMEOUT=540 TUNE_ARGS="--phases bwd" bash docs/profiling/next_gpu_run.sh tune attention_sink
-#      (TUNE_ARGS passes options to `opgen tune`; the GPU machine lacks typer and rich: first, on
-#      this machine, `bash docs/profiling/next_gpu_run.sh prep` copies them into .prof/site; carry
-#      .prof. On the GPU this script puts it on PYTHONPATH and links opgen/templates.)
-#   3. Profile the gpt-oss backward (window 128, 1.36x FlexAttention) and the D64 forward:
-#        bash docs/profiling/next_gpu_run.sh ncu attention full gqa causal
+# The GPU work session 12 left, one call each (the device allows 600 s per call; a machine's
+# start takes 1.5-2 of the session's 30 minutes; carry .gpu, built with
+# `../shared/tools/gpu-bundle flash-linear-attention==0.6.0 fla-core==0.6.0`):
+#   1. linear attention at D64 through the public function (run 54 ran out of time in fla's Triton
+#      autotuning) and its host row, then the lean eager check with room to build:
+#        timeout 400 python -m generated.linear_attention.bench_linear_attention --json $OUT/la.json
+#        python -m generated.linear_attention.bench_linear_attention --overhead
+#        timeout 300 python docs/profiling/lean_eager_check.py
+#   2. The attention backward's dQ by TMA reduce-add of a shared tile (tilelang.cuda.language's
+#      atomic_add(..., use_tma=True)) instead of 32 scalar atomics per thread and step: ncu (run 37)
+#      put the L1TEX scoreboard first among the backward's stalls. A prototype first, checked and
+#      timed against the package's bwd (bwd_schedule_probe.py shows how to swap the kernel).
+#   3. matmul 4096^3 fwd with bias at 0.91x cuBLAS (the kernel alone without bias 0.97x): time
+#      the bias epilogue alone (matmul_tiling_probe.py with bias=True).
+#   4. Host time of the forwards of matmul and swiglu (1.7-2.1x eager in run 54): the
+#      eager_ladder_probe.py approach on their public functions.
+# Old probes that launch the attention backward's kernels by hand (dyn_vs_static.py) still use
+# the preprocess/postprocess signatures from before session 12 (no zeroed buffers, no dK/dV).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
