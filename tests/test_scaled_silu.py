@@ -366,8 +366,9 @@ def test_scaffold_matches_the_defaults(project):
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """generated/scaled_silu/autograd with an empty KERNELS and its factories replaced by
-    recorders: (autograd, {factory: [build args]}, [shapes of the launched buffers])."""
+    """generated/scaled_silu/autograd with empty KERNELS and PLANS (a CallPlan from an earlier
+    test holds its kernels) and its factories replaced by recorders: (autograd, {factory: [build
+    args]}, [shapes of the launched buffers])."""
     autograd = import_generated("scaled_silu", "autograd")
     builds, launches = {}, []
 
@@ -385,6 +386,7 @@ def recorded(monkeypatch):
         return factory
 
     monkeypatch.setattr(autograd, "KERNELS", {})
+    monkeypatch.setattr(autograd, "PLANS", {})
     for name in ("scaled_silu_fwd", "scaled_silu_bwd"):
         monkeypatch.setattr(autograd, name, recorder(name))
     return autograd, builds, launches
