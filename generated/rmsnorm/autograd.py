@@ -237,7 +237,7 @@ MAX_PLANS = 4096
 
 
 def call_plan(x, w, save_rstd):
-    """The CallPlan of a non-empty x, w (made on first use of its metadata)."""
+    """The CallPlan of a non-empty x, w, made on first use of their metadata."""
     key = (x.shape, x.dtype, w.dtype, save_rstd)
     found = PLANS.get(key)
     if found is None:
