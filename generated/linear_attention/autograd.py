@@ -234,8 +234,8 @@ def grad_buffers(q, v, summed_qk, summed_v):
     tiles, an fp32 atomic target, zeroed (the kernel adds into it); else an empty tensor in q's
     dtype that it writes once."""
 
-    def buffer(shape, summed):
-        if summed:
+    def buffer(shape, atomic):
+        if atomic:
             return torch.zeros(shape, dtype=torch.float32, device=q.device)
         return q.new_empty(shape)
 
