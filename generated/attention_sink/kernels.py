@@ -15,7 +15,6 @@ a scale that changes from call to call would build kernels on every call."""
 
 import tilelang
 import tilelang.language as T
-import tilelang.cuda.language as TC
 
 LOG2E = 1.44269504
 ACCUM = "float32"
@@ -87,14 +86,16 @@ def _input(shape, dtype, name):
     return T.StridedTensor(shape, [*strides, 1], dtype)
 
 
-def _row_indexer(layout):
-    """rows(t, b, h, lo, n): the tile of n rows from lo of head h, batch b, in either layout, so
-    each kernel body is written once."""
+def _indexers(layout):
+    """Layout-aware tile and element access, so each kernel body is written once."""
 
     def rows(t, b, h, lo, n):
         return t[b, lo : lo + n, h, :] if layout == "bshd" else t[b, h, lo : lo + n, :]
 
-    return rows
+    def elem(t, b, h, s, d):
+        return t[b, s, h, d] if layout == "bshd" else t[b, h, s, d]
+
+    return rows, elem
 
 
 def _visibility(seq_len, causal, window):
@@ -130,7 +131,7 @@ def _needs_mask(seq_len, causal, window):
 
 def padded_rows(seq_len):
     """Rows of lse, Delta and the fp32 dQ accumulator: a multiple of 8, so that an fp32 row is
-    16-byte aligned for TMA copies."""
+    16-byte aligned for TMA copies, and the dQ fragment layout below can group rows by 8."""
     return (seq_len + 7) // 8 * 8
 
 
@@ -148,6 +149,18 @@ def dkv_buffer(layout, reduction, batch, heads, kv_heads, seq_len, dim, dtype):
     if reduction == "atomic":
         return _shape(layout, batch, kv_heads, seq_len, dim), ACCUM
     return _shape(layout, heads // kv_heads * batch, kv_heads, seq_len, dim), ACCUM
+
+
+def _dq_layout(layout, dQ):
+    # Per-element dQ atomics land in the 8x8 fragment order of the GEMM that produced them, so
+    # neighbouring threads hit neighbouring addresses. The postprocess reads the same layout.
+    if layout == "bshd":
+        return T.Layout(
+            dQ.shape, lambda b, l, h, d: [b, l // 8, h, d // 8, d % 2, 4 * (l % 8) + (d % 8) // 2]
+        )
+    return T.Layout(
+        dQ.shape, lambda b, h, l, d: [b, h, l // 8, d // 8, d % 2, 4 * (l % 8) + (d % 8) // 2]
+    )
 
 
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
@@ -181,7 +194,7 @@ def attention_sink_fwd(
     groups = heads // kv_heads
     q_shape = _shape(layout, batch, heads, seq_len, dim)
     kv_shape = _shape(layout, batch, kv_heads, seq_len, dim)
-    rows = _row_indexer(layout)
+    rows, _ = _indexers(layout)
     visible = _visibility(seq_len, causal, window)
     needs_mask = _needs_mask(seq_len, causal, window)
     # Registers of one thread's share of the score and output tiles (the fences of async WGMMA).
@@ -336,7 +349,9 @@ def attention_sink_bwd_preprocess(
     so they must start at zero: each block zeroes its rows of them here, which saves a fill
     launch per buffer. Block (bx, by, bz) zeroes rows [bx * block_m, (bx + 1) * block_m) of query
     head by in dQ, and of KV head by in an atomic dK/dV buffer where by < kv_heads. block_m is a
-    multiple of 8, so the grid covers all padded_rows rows of dQ.
+    multiple of 8, so the grid covers all padded_rows rows of dQ. Zeros are zeros in any order:
+    the plain row order here covers the same elements as the fragment layout the bwd kernel
+    and the postprocess give dQ (every row of every head, each once).
     """
     batch, seq_len = runtime_dims()
     shape = _shape(layout, batch, heads, seq_len, dim)
@@ -347,7 +362,7 @@ def attention_sink_bwd_preprocess(
     dv_shape, dv_dtype = dkv_buffer(
         layout, dv_reduction, batch, heads, kv_heads, seq_len, dim, dtype
     )
-    rows = _row_indexer(layout)
+    rows, _ = _indexers(layout)
 
     @T.macro
     def zero_if_atomic(buffer, reduction, zeros, bx, h, bz):
@@ -420,18 +435,17 @@ def attention_sink_bwd(
     dv_shape, dv_dtype = dkv_buffer(
         layout, dv_reduction, batch, heads, kv_heads, seq_len, dim, dtype
     )
-    rows = _row_indexer(layout)
+    rows, elem = _indexers(layout)
     visible = _visibility(seq_len, causal, window)
     needs_mask = _needs_mask(seq_len, causal, window)
 
     @T.macro
-    def store_dkv(acc, staging, sum_staging, out, reduction, bx, by, bz):
+    def store_dkv(acc, staging, out, reduction, bx, by, bz):
         if reduction == "atomic":
-            # One bulk reduce-add of the whole tile (TMA), which drops rows past seq_len.
-            T.copy(acc, sum_staging)
-            TC.atomic_add(
-                rows(out, bz, bx // groups, by * block_m, block_m), sum_staging, use_tma=True
-            )
+            # Guard every atomic: rows past seq_len belong to no key.
+            for i, j in T.Parallel(block_m, dim):
+                if by * block_m + i < seq_len:
+                    T.atomic_add(elem(out, bz, bx // groups, by * block_m + i, j), acc[i, j])
         elif reduction == "split":
             T.copy(acc, rows(out, (bx % groups) * batch + bz, bx // groups, by * block_m, block_m))
         else:
@@ -463,16 +477,12 @@ def attention_sink_bwd(
             dv = T.alloc_fragment([block_m, dim], ACCUM)
             dk = T.alloc_fragment([block_m, dim], ACCUM)
             dq = T.alloc_fragment([block_n, dim], ACCUM)
-            dq_shared = T.alloc_shared([block_n, dim], ACCUM)
-            # After the loop: dK/dV staged in dtype (written) or fp32 (reduce-added); TileLang
-            # places them in the loop's shared memory, free by then.
             dv_shared = T.alloc_shared([block_m, dim], dtype)
             dk_shared = T.alloc_shared([block_m, dim], dtype)
-            dv_sum_shared = T.alloc_shared([block_m, dim], ACCUM)
-            dk_sum_shared = T.alloc_shared([block_m, dim], ACCUM)
             lse_shared = T.alloc_shared([block_n], ACCUM)
             delta = T.alloc_shared([block_n], ACCUM)
 
+            T.annotate_layout({dQ: _dq_layout(layout, dQ)})
             T.copy(rows(K, bz, bx // groups, by * block_m, block_m), K_shared)
             T.copy(rows(V, bz, bx // groups, by * block_m, block_m), V_shared)
             T.clear(dv)
@@ -514,13 +524,17 @@ def attention_sink_bwd(
                 T.copy(dsT_cast, dsT_shared)
                 T.clear(dq)
                 T.gemm(dsT_shared, K_shared, dq, transpose_A=True)
-                # dQ leaves by one TMA reduce-add of the staged tile per step (a bulk fp32 add in
-                # L2, issued by one thread), not one atomic per element: rows past seq_len land in
-                # the accumulator's padding or are dropped at its end.
-                T.copy(dq, dq_shared)
-                TC.atomic_add(rows(dQ, bz, bx, k * block_n, block_n), dq_shared, use_tma=True)
-            store_dkv(dv, dv_shared, dv_sum_shared, dV, dv_reduction, bx, by, bz)
-            store_dkv(dk, dk_shared, dk_sum_shared, dK, dk_reduction, bx, by, bz)
+                # Rows past seq_len belong to no query: only the tail block guards each atomic
+                # (a per-element guard on every block costs ~10% of the kernel).
+                if k * block_n + block_n <= seq_len:
+                    for i, j in T.Parallel(block_n, dim):
+                        T.atomic_add(elem(dQ, bz, bx, k * block_n + i, j), dq[i, j])
+                else:
+                    for i, j in T.Parallel(block_n, dim):
+                        if k * block_n + i < seq_len:
+                            T.atomic_add(elem(dQ, bz, bx, k * block_n + i, j), dq[i, j])
+            store_dkv(dv, dv_shared, dV, dv_reduction, bx, by, bz)
+            store_dkv(dk, dk_shared, dK, dk_reduction, bx, by, bz)
 
     return bwd
 
@@ -547,7 +561,7 @@ def attention_sink_bwd_postprocess(
     dv_shape, dv_dtype = dkv_buffer(
         layout, dv_reduction, batch, heads, kv_heads, seq_len, dim, dtype
     )
-    rows = _row_indexer(layout)
+    rows, _ = _indexers(layout)
 
     @T.macro
     def cast_dq(dQ, dQ_out, bx, by, bz):
@@ -565,6 +579,7 @@ def attention_sink_bwd_postprocess(
                 by,
                 bz,
             ):
+                T.annotate_layout({dQ: _dq_layout(layout, dQ)})
                 cast_dq(dQ, dQ_out, bx, by, bz)
 
         return bwd_postprocess
@@ -600,6 +615,7 @@ def attention_sink_bwd_postprocess(
         ):
             acc = T.alloc_fragment([block_m, dim], ACCUM)
             part = T.alloc_fragment([block_m, dim], ACCUM)
+            T.annotate_layout({dQ: _dq_layout(layout, dQ)})
             if by < heads:
                 cast_dq(dQ, dQ_out, bx, by, bz)
             else:

@@ -418,8 +418,7 @@ def smem_bytes(phase: str, tiling: GemmTiling, dim: int) -> int:
 
     Pipelined tiles are held once per stage; every buffer is counted rounded up to 1 KiB (TileLang
     aligns TMA and swizzled buffers; small lse/Delta vectors grow when seq_len is block-aligned);
-    the bwd loop stages each step's fp32 dQ tile for its TMA reduce-add; the dK/dV staging
-    buffers after the loop (fp32 where they are reduce-added) reuse the loop's space.
+    in bwd the dK/dV staging buffers reuse the loop's space after the loop.
     """
     elem = DTYPE_BYTES["float16"]
     stages = max(1, tiling.num_stages)
@@ -427,8 +426,8 @@ def smem_bytes(phase: str, tiling: GemmTiling, dim: int) -> int:
     if phase == "fwd":
         return whole_kib(elem * m * dim) + 2 * whole_kib(elem * stages * n * dim)
     loop = (2 * whole_kib(elem * m * dim) + 2 * whole_kib(elem * stages * n * dim)
-            + whole_kib(elem * m * n) + 2 * whole_kib(4 * stages * n) + whole_kib(4 * n * dim))
-    epilogue = 2 * whole_kib(4 * m * dim)
+            + whole_kib(elem * m * n) + 2 * whole_kib(4 * stages * n))
+    epilogue = 2 * whole_kib(elem * m * dim)
     return max(loop, epilogue)
 
 
