@@ -1,22 +1,16 @@
 #!/bin/bash
-# The GPU work session 12 left, one call each (the device allows 600 s per call; a machine's
+# The GPU work session 13 left, one call each (the device allows 600 s per call; a machine's
 # start takes 1.5-2 of the session's 30 minutes; carry .gpu, built with
-# `../shared/tools/gpu-bundle flash-linear-attention==0.6.0 fla-core==0.6.0`):
-#   1. linear attention at D64 through the public function (run 54 ran out of time in fla's Triton
-#      autotuning) and its host row, then the lean eager check with room to build:
-#        timeout 400 python -m generated.linear_attention.bench_linear_attention --json $OUT/la.json
-#        python -m generated.linear_attention.bench_linear_attention --overhead
+# `../shared/tools/gpu-bundle flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof):
+#   1. The attention backward, still short of 0.90x cuDNN (0.69-0.93x in run 55). The TMA
+#      reduce-add of dQ (run 55, dq_tma_probe.py) was correct but 3-7% slower: next, ncu on the
+#      committed backward to see whether the atomics or the wgmma issue limit it (ncu item below).
+#   2. The lean eager check (run 53 ran out of time building swiglu's kernels):
 #        timeout 300 python docs/profiling/lean_eager_check.py
-#   2. The attention backward's dQ by TMA reduce-add of a shared tile (tilelang.cuda.language's
-#      atomic_add(..., use_tma=True)) instead of 32 scalar atomics per thread and step: ncu (run 37)
-#      put the L1TEX scoreboard first among the backward's stalls. A prototype first, checked and
-#      timed against the package's bwd (bwd_schedule_probe.py shows how to swap the kernel).
 #   3. matmul 4096^3 fwd with bias at 0.91x cuBLAS (the kernel alone without bias 0.97x): time
 #      the bias epilogue alone (matmul_tiling_probe.py with bias=True).
 #   4. Host time of the forwards of matmul and swiglu (1.7-2.1x eager in run 54): the
 #      eager_ladder_probe.py approach on their public functions.
-# Old probes that launch the attention backward's kernels by hand (dyn_vs_static.py) still use
-# the preprocess/postprocess signatures from before session 12 (no zeroed buffers, no dK/dV).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
