@@ -184,8 +184,9 @@ class TestSection(StrictModel):
 
 
 # How a gradient is reduced into its buffer: written once per element, fp32 atomic adds into a
-# zeroed buffer, or fp32 partials summed afterwards.
-ReductionKind = Literal["direct", "atomic", "split"]
+# zeroed buffer, fp32 partials summed afterwards, or summed inside one block that walks every
+# contribution (attention's grouped dK/dV) and written once.
+ReductionKind = Literal["direct", "atomic", "split", "in_block"]
 
 
 class Reduction(StrictModel):

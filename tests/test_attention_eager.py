@@ -3,7 +3,8 @@ buffers each backward phase gets (all allocated empty: the preprocess zeroes the
 targets), the dK/dV reductions, the eager autograd.Function and the custom ops. Every kernel's
 entry point is replaced by a PyTorch emulation of what the kernel does to its buffers (flash
 attention's math from the given lse and Delta, dQ added into its accumulator, dK/dV written,
-split into per-head partials or added, the postprocess's sums and casts), which also asserts
+split into per-head partials, added, or summed per group (in_block), the postprocess's sums
+and casts), which also asserts
 what the real entry point needs (shapes, dtypes, dense 16-byte aligned buffers). The output and
 every gradient must match the reference; one backward launches the package's kernels and no
 other torch kernel. The kernels themselves run in the generated GPU tests."""
@@ -87,7 +88,7 @@ def emulations(name, sinks):
     def dkv_shape(layout, reduction, batch, heads, kv_heads, seq_len, dim, dtype):
         rows = batch * (heads // kv_heads if reduction == "split" else 1)
         return shape_of(layout, rows, kv_heads, seq_len, dim), (
-            getattr(torch, dtype) if reduction == "direct" else torch.float32)
+            getattr(torch, dtype) if reduction in ("direct", "in_block") else torch.float32)
 
     def preprocess(heads, kv_heads, dim, layout, dtype, dk_reduction, dv_reduction, **tiling):
         def run(o, do, delta, dq, dk, dv):
@@ -128,6 +129,8 @@ def emulations(name, sinks):
                 out = bhsd(buffer, layout)
                 if reduction == "direct":
                     out.copy_(per_head[label])
+                elif reduction == "in_block":
+                    out.copy_(grouped.sum(2))
                 elif reduction == "atomic":
                     out += grouped.sum(2)
                 else:  # partial g of batch row b at g * batch + b
@@ -144,7 +147,8 @@ def emulations(name, sinks):
             check(dq, shape_of(layout, batch, heads, padded(seq_len), dim), torch.float32)
             check(dq_out, shape_of(layout, batch, heads, seq_len, dim), getattr(torch, dtype))
             bhsd(dq_out, layout).copy_(bhsd(dq, layout)[:, :, :seq_len])
-            assert (len(dkv) == 4) == (dk_reduction != "direct"), "dK/dV buffers: finish them or not"
+            assert (len(dkv) == 4) == (dk_reduction not in ("direct", "in_block")), (
+                "dK/dV buffers: finish them or not")
             for buffer, out, reduction in zip(dkv[::2], dkv[1::2], (dk_reduction, dv_reduction)):
                 check(out, shape_of(layout, batch, kv_heads, seq_len, dim), getattr(torch, dtype))
                 if reduction == "split":
@@ -305,9 +309,9 @@ def test_backward_launches_its_kernels_and_no_torch_kernel(emulate, package, hea
     assert len(kernels.built) == len(expected) + 1  # fwd too, once
 
 
-@pytest.mark.parametrize("reduction", ["atomic", "split"])
+@pytest.mark.parametrize("reduction", ["atomic", "split", "in_block"])
 def test_grouped_reductions_match_the_reference(emulate, reduction):
-    """run_backward with either dK/dV reduction (the generated GPU tests compare the two)."""
+    """run_backward with each dK/dV reduction (the generated GPU tests compare them)."""
     autograd, kernels = emulate("gqa")
     inputs, do = make_inputs("gqa", 6, 2, 11, "bshd")
     tensors = [t.detach() for t in inputs]

@@ -72,8 +72,8 @@ def variants_under_test(p) -> list[tuple[str, ...]]:
     modes = []
     if any(c.kv_heads == c.heads for c in p.test_cases):
         modes.append(("groups=1", "dk=direct", "dv=direct"))
-    if p.gqa_case:  # grouped shapes: the spec's reduction and the other one (atomic vs split)
-        modes += [("dk=atomic", "dv=atomic"), ("dk=split", "dv=split")]
+    if p.gqa_case:  # grouped shapes: atomic and each deterministic reduction (the spec's among them)
+        modes += [(f"dk={r}", f"dv={r}") for r in ("atomic", *p.deterministic_reductions)]
     variants = [("bwd_dsinks",)] if p.sinks else []
     for layout, d, dim in itertools.product(p.layouts, p.dtypes, p.head_dims):
         tag = (layout, d, f"d{dim}")

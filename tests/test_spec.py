@@ -483,7 +483,7 @@ def test_bench_rules_are_shared_by_every_family(project, family):
          ("tiling.fwd.threads", "must be an integer (got 256.0)")),
         ("[attention]\ncausal = 1\n", ("attention.causal", "must be true or false (got 1)")),
         ("[grads.dk]\nreduction = 1\n",
-         ("grads.dk.reduction", "must be one of direct, atomic, split (got 1)")),
+         ("grads.dk.reduction", "must be one of direct, atomic, split, in_block (got 1)")),
         ('[test.tolerance.float16]\nrtol = "x"\natol = 0.1\n',
          ("test.tolerance.float16.rtol", 'must be a number (got "x")')),  # float_type
         ("[test.tolerance.float16]\nrtol = nan\natol = 0.1\n",

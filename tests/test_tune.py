@@ -333,12 +333,12 @@ def test_compile_job_is_the_kernel_the_timing_launches(tmp_path):
 
 def test_gqa_head_dim_without_a_bench_shape_is_timed_grouped():
     """gqa.toml benches head_dim 128 only: its head_dim 64 is timed at a grouped default shape,
-    so the backward candidates run the split dK/dV reduction grouped calls use (session 9's
-    tune timed them at 16/16 heads, where dK/dV are written directly)."""
+    so the backward candidates run the spec's grouped dK/dV reduction (session 9's tune timed
+    them at 16/16 heads, where dK/dV are written directly)."""
     spec, plan = shipped("gqa"), load_plan(REPO_ROOT / "specs/gqa.toml")[0]
     assert tune.tune_shape(spec, 64) == tune.DEFAULT_GQA_SHAPE
     assert tune.tune_shape(spec, 128)["kv_heads"] == 8  # its bench shape
     (bwd,) = [c for c in tune.candidates(spec, ["bwd"], max_candidates=1)
               if (c.head_dim, c.causal) == (64, True)]
-    assert tune.compile_job(spec, plan, bwd).args[-2:] == ("split", "split")
+    assert tune.compile_job(spec, plan, bwd).args[-2:] == ("in_block", "in_block")
     assert tune.tune_shape(shipped("attention"), 64)["kv_heads"] == 16

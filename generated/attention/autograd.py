@@ -17,6 +17,7 @@ from .kernels import (
     FWD_TILINGS,
     POSTPROCESS_TILING,
     PREPROCESS_TILING,
+    WRITTEN_BY_BWD,
     attention_fwd,
     attention_bwd_preprocess,
     attention_bwd,
@@ -343,8 +344,9 @@ class CallPlan:
         )
         self.dk_buffer = dk_shape, TORCH_DTYPES[dk_dtype]
         self.dv_buffer = dv_shape, TORCH_DTYPES[dv_dtype]
-        # Direct dK/dV are the gradients; else the postprocess finishes them from fp32 buffers.
-        self.finish_dkv = dk_reduction != "direct"
+        # Direct and in_block dK/dV are the gradients; else the postprocess finishes them from
+        # fp32 buffers.
+        self.finish_dkv = dk_reduction not in WRITTEN_BY_BWD
 
 
 # CallPlans by metadata. Bounded: a run over ever new shapes (a length sweep) starts it afresh.

@@ -35,7 +35,7 @@ SCAFFOLDS = {
     "attention_sink": {
         "title": "attention with learnable sinks, a sliding window and GQA (gpt-oss style)",
         "layouts": ["bshd"], "causal": True, "gqa": True, "sinks": True,
-        "sliding_window": True, "dkv": "atomic", "windows": [16, 700],
+        "sliding_window": True, "dkv": "in_block", "windows": [16, 700],
         "shapes": [(2, 4, 4, 1000), (1, 8, 2, 1000), (1, 8, 1, 333)],
         "bench_dtype": "bfloat16",
         # The last: gpt-oss's attention (64 query / 8 KV heads, head_dim 64, window 128).
@@ -43,9 +43,9 @@ SCAFFOLDS = {
                   (1, 64, 8, 4096, 64, True, 128)],
     },
     "gqa": {
-        "title": "grouped-query attention with deterministic (split) dK/dV",
+        "title": "grouped-query attention with deterministic (in-block) dK/dV",
         "layouts": ["bshd"], "causal": True, "gqa": True, "sinks": False,
-        "sliding_window": False, "dkv": "split", "windows": [],
+        "sliding_window": False, "dkv": "in_block", "windows": [],
         "shapes": [(2, 4, 4, 1000), (1, 8, 2, 1000), (1, 8, 1, 333)],
         "bench_dtype": "bfloat16",
         "bench": [(2, 32, 8, 4096, 128, True, None), (2, 32, 8, 4096, 128, False, None)],
@@ -101,7 +101,9 @@ class AttentionGrads(StrictModel):
     dq: Reduction = Reduction(reduction="atomic")
     # dK/dV: with one query head per KV head each KV block owns its rows: written directly.
     # With GQA the query heads of a group all add to them: fp32 atomics then a cast ("atomic"),
-    # or one partial per group summed afterwards ("split": deterministic).
+    # one partial per group summed afterwards ("split": deterministic), or one block per KV
+    # head walking every query head of its group, summing in registers ("in_block":
+    # deterministic, no extra buffer).
     dk: Reduction | None = None
     dv: Reduction | None = None
     # dsinks: per-row terms from lse and Delta, summed over batch and rows afterwards.
@@ -174,12 +176,16 @@ def gemm_blocks(spec: "Spec") -> tuple[int, ...]:
     return tuple(b for t in gemm_tilings(spec) for b in (t.block_m, t.block_n))
 
 
+# dK/dV reductions across the query heads of a group (attention.gqa).
+GROUPED_REDUCTIONS = ("atomic", "split", "in_block")
+
+
 def allowed_reductions(section: AttentionSection) -> dict[str, tuple[str, ...]]:
     """The reductions each gradient supports, given the variant switches."""
     allowed = {
         "dq": ("atomic",),
-        "dk": ("atomic", "split") if section.gqa else ("direct",),
-        "dv": ("atomic", "split") if section.gqa else ("direct",),
+        "dk": GROUPED_REDUCTIONS if section.gqa else ("direct",),
+        "dv": GROUPED_REDUCTIONS if section.gqa else ("direct",),
     }
     if section.sinks:
         allowed["dsinks"] = ("split",)
@@ -205,12 +211,18 @@ def grad_reductions_allowed(spec: Spec):
             yield f"grads.{grad}", "only exists with attention.sinks = true"
         elif given.reduction not in allowed[grad]:
             why = {
-                "dk": " (direct without attention.gqa; atomic or split with it)",
-                "dv": " (direct without attention.gqa; atomic or split with it)",
+                "dk": " (direct without attention.gqa; atomic, split or in_block with it)",
+                "dv": " (direct without attention.gqa; atomic, split or in_block with it)",
             }.get(grad, "")
             yield f"grads.{grad}.reduction", (
                 f"must be one of {', '.join(allowed[grad])}{why} (got {echo(given.reduction)})"
             )
+    chosen = reductions(spec)
+    if spec.attention.gqa and (chosen["dk"] == "in_block") != (chosen["dv"] == "in_block"):
+        yield "grads.dv.reduction", (
+            "must equal grads.dk.reduction when either is in_block: one block walks the group "
+            f"for both (got dk {echo(chosen['dk'])}, dv {echo(chosen['dv'])})"
+        )
 
 
 def tested_kv_heads_fit(spec: Spec):
@@ -490,7 +502,9 @@ class Plan(PlanBase):
     recompute_forward: bool  # backward reruns the forward kernel for O and/or lse
     recompute_targets: tuple[str, ...]  # how backward unpacks the rerun forward's (O, lse)
     mask_cases: tuple[MaskCase, ...]
-    gqa_case: TestCase | None  # a grouped shape for the atomic-vs-split checks
+    gqa_case: TestCase | None  # a grouped shape for the atomic-vs-deterministic checks
+    # The deterministic grouped dK/dV reductions the package builds, each tested against atomic.
+    deterministic_reductions: tuple[str, ...]
     atomic_case: TestCase  # the shape of the atomic double-run check (grouped if any)
     smem: dict[str, dict[int, int]]  # phase -> head_dim -> bytes (estimate)
     bench_cases: tuple[FlopsBenchCase, ...]
@@ -563,12 +577,14 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
                              "Delta = rowsum(O * dO); zeroes the fp32 atomic targets of the bwd kernel",
                              "(ceildiv(seq_len, block_m), heads, batch)", t.preprocess, (2,)),
         "bwd": kernel("bwd", "bwd", "bwd",
-                      "dQ by fp32 atomics; dK, dV per query head, written, split or atomically added",
-                      "(heads, ceildiv(seq_len, block_m), batch)", t.bwd, None),
+                      "dQ by fp32 atomics; dK, dV per query head, written, split or atomically added, "
+                      "or per KV head summed over its group in the block (in_block)",
+                      "(heads (kv_heads with in_block dK/dV), ceildiv(seq_len, block_m), batch)",
+                      t.bwd, None),
         "postprocess": kernel("postprocess", "bwd_postprocess", "bwd_postprocess",
                               "cast the fp32 dQ accumulator (fragment layout) to the input dtype; "
-                              "grouped KV heads: dK and dV from their fp32 buffers too",
-                              "(ceildiv(seq_len, block_m), heads (+ kv_heads: dK/dV not direct), batch)",
+                              "split or atomic dK/dV: finished from their fp32 buffers too",
+                              "(ceildiv(seq_len, block_m), heads (+ kv_heads: split or atomic dK/dV), batch)",
                               t.postprocess, (1,)),
     }
     if section.sinks:
@@ -586,6 +602,8 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     notes = {
         "atomic": "fp32 atomics into a buffer the preprocess zeroes, then the postprocess cast",
         "split": "one fp32 partial per query head of a group, summed by the postprocess in a fixed order",
+        "in_block": "one block per KV block walks every query head of its group, summing in "
+                    "registers in a fixed order; written once",
         "direct": "written once by its KV block",
     }
     grads = [
@@ -657,6 +675,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         test_cases=test_cases,
         mask_cases=tuple(mask_cases),
         gqa_case=gqa_case,
+        deterministic_reductions=tuple(m for m in grouped_modes(chosen) if m != "atomic"),
         atomic_case=gqa_case or test_cases[0],
         compile_jobs=_compile_jobs(spec, kernels, tuned, chosen, test_cases, mask_cases),
         smem={
@@ -697,6 +716,12 @@ def tuned_tables(spec: Spec) -> dict[str, dict[tuple[int, bool], dict[str, int]]
     return tables
 
 
+def grouped_modes(chosen: dict[str, str]) -> tuple[str, ...]:
+    """The grouped dK/dV reductions a GQA package builds: atomic and split (the generated tests
+    compare them), and the spec's choice."""
+    return tuple(sorted({"atomic", "split", chosen["dk"], chosen["dv"]}))
+
+
 def _compile_jobs(spec, kernels, tuned, chosen, test_cases, mask_cases) -> tuple[CompileJob, ...]:
     """Every kernel variant the package launches: per layout, dtype and head dim, each mask mode,
     and the bwd dK/dV modes (MHA shapes write directly; grouped shapes use the spec's reduction,
@@ -706,7 +731,7 @@ def _compile_jobs(spec, kernels, tuned, chosen, test_cases, mask_cases) -> tuple
     bwd_modes = [(1, "direct", "direct")]  # one query head per KV head
     if section.gqa:
         g = max(groups) if max(groups) > 1 else 2
-        bwd_modes += sorted({(g, chosen["dk"], chosen["dv"]), (g, "atomic", "atomic"), (g, "split", "split")})
+        bwd_modes += sorted({(g, chosen["dk"], chosen["dv"]), *((g, m, m) for m in grouped_modes(chosen))})
     jobs = []
     for layout, dtype, dim in itertools.product(section.layouts, spec.dtypes, section.head_dims):
         tag = f"{layout} {dtype} d{dim}"
@@ -743,6 +768,7 @@ def _compile_jobs(spec, kernels, tuned, chosen, test_cases, mask_cases) -> tuple
 BUFFERS = {
     "atomic": "fp32 atomic target (torch.empty, zeroed by the preprocess)",
     "split": "fp32 partials, summed by the postprocess (torch.empty)",
+    "in_block": "the gradient, written once (torch.empty)",
     "direct": "written once (torch.empty)",
 }
 
@@ -766,9 +792,10 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     grids = {
         "fwd": (blocks("fwd"), h, b),
         "preprocess": (blocks("preprocess"), h, b),
-        "bwd": (h, blocks("bwd"), b),
-        # Grouped KV heads: kv more blocks finish dK and dV.
-        "postprocess": (blocks("postprocess"), h + kv if groups > 1 else h, b),
+        "bwd": (kv if groups > 1 and p.dk_reduction == "in_block" else h, blocks("bwd"), b),
+        # Grouped KV heads: kv more blocks finish dK and dV, unless the bwd kernel wrote them.
+        "postprocess": (blocks("postprocess"),
+                        h + kv if groups > 1 and p.dk_reduction != "in_block" else h, b),
         "dsinks": (h,),
     }
     sizes = {"q": b * h * s * d * elem, "k": b * kv * s * d * elem, "v": b * kv * s * d * elem,
@@ -782,7 +809,8 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
         elif g.grad == "dsinks":
             size = h * 4
         else:
-            size = b * kv * s * d * {"atomic": 4, "split": 4 * groups, "direct": elem}[mode]
+            size = b * kv * s * d * {"atomic": 4, "split": 4 * groups, "in_block": elem,
+                                     "direct": elem}[mode]
         reductions.append([g.grad, mode, BUFFERS[mode] if g.grad != "dsinks" else "fp32 sums",
                            format_bytes(size), g.note])
     fwd = flops_fwd(b, h, s, d, causal, window)
@@ -816,7 +844,7 @@ def _check_shape(p: Plan, b, h, kv, s, d, causal, window, dtype) -> None:
 
 FAMILY = Family(
     Spec, plan, explain, SCAFFOLDS,
-    description=("flash attention: MHA, GQA/MQA (dK/dV atomic or split), learnable sinks, sliding "
+    description=("flash attention: MHA, GQA/MQA (dK/dV atomic, split or in_block), learnable sinks, sliding "
                  "window; fwd, Delta preprocess, bwd, dQ cast, dsinks"),
     shape_keys=("batch", "heads", "kv_heads", "seq_len", "head_dim", "causal", "window", "dtype"),
     optional_shape_keys=("kv_heads", "causal", "window", "dtype"),

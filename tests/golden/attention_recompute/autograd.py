@@ -15,6 +15,7 @@ from .kernels import (
     FWD_TILING,
     POSTPROCESS_TILING,
     PREPROCESS_TILING,
+    WRITTEN_BY_BWD,
     attention_recompute_fwd,
     attention_recompute_bwd_preprocess,
     attention_recompute_bwd,
@@ -340,8 +341,9 @@ class CallPlan:
         )
         self.dk_buffer = dk_shape, TORCH_DTYPES[dk_dtype]
         self.dv_buffer = dv_shape, TORCH_DTYPES[dv_dtype]
-        # Direct dK/dV are the gradients; else the postprocess finishes them from fp32 buffers.
-        self.finish_dkv = dk_reduction != "direct"
+        # Direct and in_block dK/dV are the gradients; else the postprocess finishes them from
+        # fp32 buffers.
+        self.finish_dkv = dk_reduction not in WRITTEN_BY_BWD
 
 
 # CallPlans by metadata. Bounded: a run over ever new shapes (a length sweep) starts it afresh.

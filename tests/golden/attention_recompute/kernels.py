@@ -113,16 +113,23 @@ def padded_rows(seq_len):
     return (seq_len + 7) // 8 * 8
 
 
+# dK/dV reductions whose bwd kernel writes the gradients themselves, in the input dtype: nothing
+# for the preprocess to zero or the postprocess to finish.
+WRITTEN_BY_BWD = ("direct", "in_block")
+
+
 def dkv_buffer(layout, reduction, batch, heads, kv_heads, seq_len, dim, dtype):
     """Shape and dtype of the dK/dV buffer the bwd kernel writes for a reduction mode.
 
     direct (one query head per KV head): dK/dV themselves, each element written once.
+    in_block: dK/dV themselves too; one block per KV head sums its group's query heads in
+    registers (deterministic) and writes each element once.
     atomic: fp32 [.., kv_heads, ..] that every query head of a group adds into (zeroed by the
     preprocess, cast by the postprocess).
     split: one fp32 partial per query head of a group, stacked along batch (groups * batch),
     summed by the postprocess in a fixed order (deterministic).
     """
-    if reduction == "direct":
+    if reduction in WRITTEN_BY_BWD:
         return _shape(layout, batch, kv_heads, seq_len, dim), dtype
     if reduction == "atomic":
         return _shape(layout, batch, kv_heads, seq_len, dim), ACCUM
@@ -390,16 +397,23 @@ def attention_recompute_bwd(
     threads,
     num_stages,
 ):
-    """dQ by fp32 atomics; dK, dV per query head, written, split or atomically added. Grid (heads, ceildiv(seq_len, block_m), batch).
+    """dQ by fp32 atomics; dK, dV per query head, written, split or atomically added, or per KV head summed over its group in the block (in_block). Grid (heads (kv_heads with in_block dK/dV), ceildiv(seq_len, block_m), batch).
 
-    One block per (query head, KV block): it walks the query blocks that see its keys. dQ (fp32,
-    atomic target zeroed by the preprocess, padded_rows rows) and the dK/dV buffers of
+    One block per (query head, KV block): it walks the query blocks that see its keys. With
+    in_block dK/dV, one block per (KV head, KV block) walks them for every query head of its
+    group, so the group's dK/dV sum in its registers: grid dim 0 is kv_heads.
+    dQ (fp32, atomic target zeroed by the preprocess, padded_rows rows) and the dK/dV buffers of
     `dkv_buffer` are passed in.
     softmax_scale: the forward's (P is recomputed from lse with it; dS carries it into dQ, dK).
     """
     batch, seq_len = runtime_dims()
     scale = softmax_scale * LOG2E
     groups = heads // kv_heads
+    in_block = dk_reduction == "in_block"
+    if in_block != (dv_reduction == "in_block"):
+        raise ValueError(
+            f"in_block needs dK and dV both in_block (got {dk_reduction}, {dv_reduction})"
+        )
     q_shape = _shape(layout, batch, heads, seq_len, dim)
     kv_shape = _shape(layout, batch, kv_heads, seq_len, dim)
     dq_shape = _shape(layout, batch, heads, padded_dim(), dim)
@@ -422,7 +436,7 @@ def attention_recompute_bwd(
                     T.atomic_add(elem(out, bz, bx // groups, by * block_m + i, j), acc[i, j])
         elif reduction == "split":
             T.copy(acc, rows(out, (bx % groups) * batch + bz, bx // groups, by * block_m, block_m))
-        else:
+        else:  # direct or in_block: bx is the KV head
             T.copy(acc, staging)
             T.copy(staging, rows(out, bz, bx, by * block_m, block_m))
 
@@ -438,7 +452,9 @@ def attention_recompute_bwd(
         dK: T.Tensor(dk_shape, dk_dtype),
         dV: T.Tensor(dv_shape, dv_dtype),
     ):
-        with T.Kernel(heads, T.ceildiv(seq_len, block_m), batch, threads=threads) as (bx, by, bz):
+        with T.Kernel(
+            kv_heads if in_block else heads, T.ceildiv(seq_len, block_m), batch, threads=threads
+        ) as (bx, by, bz):
             K_shared = T.alloc_shared([block_m, dim], dtype)
             V_shared = T.alloc_shared([block_m, dim], dtype)
             q = T.alloc_shared([block_n, dim], dtype)
@@ -457,8 +473,9 @@ def attention_recompute_bwd(
             delta = T.alloc_shared([block_n], ACCUM)
 
             T.annotate_layout({dQ: _dq_layout(layout, dQ)})
-            T.copy(rows(K, bz, bx // groups, by * block_m, block_m), K_shared)
-            T.copy(rows(V, bz, bx // groups, by * block_m, block_m), V_shared)
+            kv_head = bx if in_block else bx // groups
+            T.copy(rows(K, bz, kv_head, by * block_m, block_m), K_shared)
+            T.copy(rows(V, bz, kv_head, by * block_m, block_m), V_shared)
             T.clear(dv)
             T.clear(dk)
             # Query blocks that see none of these keys are skipped: before them (causal) and
@@ -470,15 +487,19 @@ def attention_recompute_bwd(
                 if window
                 else n_blocks
             )
-            for step in T.Pipelined(loop_end - loop_start, num_stages=num_stages):
-                k = loop_start + step
-                T.copy(rows(Q, bz, bx, k * block_n, block_n), q)
+            span = loop_end - loop_start
+            for step in T.Pipelined(span * groups if in_block else span, num_stages=num_stages):
+                # in_block: every query head of the group at query block k, then block k + 1: a
+                # fixed order, and dividing by the constant groups is a shift.
+                h = bx * groups + step % groups if in_block else bx
+                k = loop_start + (step // groups if in_block else step)
+                T.copy(rows(Q, bz, h, k * block_n, block_n), q)
                 T.clear(qkT)
                 T.gemm(K_shared, q, qkT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 # P^T recomputed from lse, zero where the query does not see the key. Rows of lse
                 # and Delta past seq_len are padding (written by the forward and the preprocess,
                 # zero-filled past padded_rows by TMA); they belong to masked tiles.
-                T.copy(lse[bz, bx, k * block_n : (k + 1) * block_n], lse_shared)
+                T.copy(lse[bz, h, k * block_n : (k + 1) * block_n], lse_shared)
                 for i, j in T.Parallel(block_m, block_n):
                     qkT[i, j] = T.exp2(qkT[i, j] * scale - lse_shared[j])
                 if needs_mask(k * block_n, block_n, by * block_m, block_m):
@@ -486,12 +507,12 @@ def attention_recompute_bwd(
                         qkT[i, j] = T.if_then_else(
                             visible(k * block_n + j, by * block_m + i), qkT[i, j], 0
                         )
-                T.copy(rows(dO, bz, bx, k * block_n, block_n), do)
+                T.copy(rows(dO, bz, h, k * block_n, block_n), do)
                 T.clear(dsT)
                 T.gemm(V_shared, do, dsT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 T.copy(qkT, qkT_cast)
                 T.gemm(qkT_cast, do, dv, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(Delta[bz, bx, k * block_n : (k + 1) * block_n], delta)
+                T.copy(Delta[bz, h, k * block_n : (k + 1) * block_n], delta)
                 for i, j in T.Parallel(block_m, block_n):
                     dsT_cast[i, j] = qkT[i, j] * (dsT[i, j] - delta[j]) * softmax_scale
                 T.gemm(dsT_cast, q, dk, policy=T.GemmWarpPolicy.FullRow)
@@ -502,11 +523,11 @@ def attention_recompute_bwd(
                 # (a per-element guard on every block costs ~10% of the kernel).
                 if k * block_n + block_n <= seq_len:
                     for i, j in T.Parallel(block_n, dim):
-                        T.atomic_add(elem(dQ, bz, bx, k * block_n + i, j), dq[i, j])
+                        T.atomic_add(elem(dQ, bz, h, k * block_n + i, j), dq[i, j])
                 else:
                     for i, j in T.Parallel(block_n, dim):
                         if k * block_n + i < seq_len:
-                            T.atomic_add(elem(dQ, bz, bx, k * block_n + i, j), dq[i, j])
+                            T.atomic_add(elem(dQ, bz, h, k * block_n + i, j), dq[i, j])
             store_dkv(dv, dv_shared, dV, dv_reduction, bx, by, bz)
             store_dkv(dk, dk_shared, dK, dk_reduction, bx, by, bz)
 
@@ -517,10 +538,10 @@ def attention_recompute_bwd(
 def attention_recompute_bwd_postprocess(
     heads, kv_heads, dim, layout, dtype, dk_reduction, dv_reduction, block_m, threads
 ):
-    """cast the fp32 dQ accumulator (fragment layout) to the input dtype; grouped KV heads: dK and dV from their fp32 buffers too. Grid (ceildiv(seq_len, block_m), heads (+ kv_heads: dK/dV not direct), batch).
+    """cast the fp32 dQ accumulator (fragment layout) to the input dtype; split or atomic dK/dV: finished from their fp32 buffers too. Grid (ceildiv(seq_len, block_m), heads (+ kv_heads: split or atomic dK/dV), batch).
 
-    Blocks by < heads cast query head by of the fp32 dQ accumulator. Where dK and dV are not
-    written directly (grouped KV heads), kv_heads more blocks finish KV head by - heads of both:
+    Blocks by < heads cast query head by of the fp32 dQ accumulator. Where the bwd kernel leaves
+    dK and dV in fp32 buffers (split or atomic), kv_heads more blocks finish KV head by - heads of both:
     a split buffer's per-head partials summed in a fixed order (deterministic), an atomic one's
     sum as it is, cast to dtype. One launch for every gradient the bwd kernel leaves in fp32.
     """
@@ -541,7 +562,7 @@ def attention_recompute_bwd_postprocess(
     def cast_dq(dQ, dQ_out, bx, by, bz):
         T.copy(rows(dQ, bz, by, bx * block_m, block_m), rows(dQ_out, bz, by, bx * block_m, block_m))
 
-    if dk_reduction == dv_reduction == "direct":
+    if dk_reduction in WRITTEN_BY_BWD and dv_reduction in WRITTEN_BY_BWD:
 
         @T.prim_func
         def bwd_postprocess(
