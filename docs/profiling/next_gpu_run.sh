@@ -1,15 +1,17 @@
 #!/bin/bash
-# The GPU work session 13 left, one call each (the device allows 600 s per call; a machine's
-# start takes 1.5-2 of the session's 30 minutes; carry .gpu, built with
+# The GPU work session 14 left, one call each (the device allows 600 s per call; a machine's
+# start takes 1.5-3 of the session's 30 minutes; carry .gpu, built with
 # `../shared/tools/gpu-bundle flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof):
-#   1. The attention backward, still short of 0.90x cuDNN (0.69-0.93x in run 55). The TMA
-#      reduce-add of dQ (run 55, dq_tma_probe.py) was correct but 3-7% slower: next, ncu on the
-#      committed backward to see whether the atomics or the wgmma issue limit it (ncu item below).
-#   2. The lean eager check (run 53 ran out of time building swiglu's kernels):
+#   1. The cold first fwd+bwd of one attention variant took 16.6 s in run 60 (9.9-14 s before):
+#      time each of its four kernels' builds alone on the GPU host (first_call_breakdown.py) to
+#      see whether the in_block backward or the host is slower.
+#   2. in_block loses to split at small causal grids (B8 16/2 S2048 D64: 0.85x, run 57): time
+#      the gqa bench with a D64 shape, and consider a per-call choice by grid size.
+#   3. The lean eager check (run 53 ran out of time building swiglu's kernels):
 #        timeout 300 python docs/profiling/lean_eager_check.py
-#   3. matmul 4096^3 fwd with bias at 0.91x cuBLAS (the kernel alone without bias 0.97x): time
+#   4. matmul 4096^3 fwd with bias at 0.91x cuBLAS (the kernel alone without bias 0.97x): time
 #      the bias epilogue alone (matmul_tiling_probe.py with bias=True).
-#   4. Host time of the forwards of matmul and swiglu (1.7-2.1x eager in run 54): the
+#   5. Host time of the forwards of matmul and swiglu (1.7-2.1x eager in run 54): the
 #      eager_ladder_probe.py approach on their public functions.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
