@@ -602,8 +602,8 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     notes = {
         "atomic": "fp32 atomics into a buffer the preprocess zeroes, then the postprocess cast",
         "split": "one fp32 partial per query head of a group, summed by the postprocess in a fixed order",
-        "in_block": "one block per KV block walks every query head of its group, summing in "
-                    "registers in a fixed order; written once",
+        "in_block": "one block per (KV head, KV block) walks every query head of its group, "
+                    "summing in registers in a fixed order; written once",
         "direct": "written once by its KV block",
     }
     grads = [
