@@ -1,4 +1,6 @@
-"""Where the cold first fwd+bwd of one attention variant (gqa, B2 S1000 H16/4 D128 bf16 causal)
+"""SERIAL=1: build the kernels one by one first (no thread contention).
+
+Where the cold first fwd+bwd of one attention variant (gqa, B2 S1000 H16/4 D128 bf16 causal)
 goes: get_tir (main thread), each kernel's build (lowering + nvcc + load, in prebuild's threads),
 each nvcc run, CUDA init, the first calls. Without a GPU (TILELANG_DEFAULT_TARGET set) it times
 prebuild alone. TileLang's disk cache is off, so every run is cold."""
@@ -23,7 +25,11 @@ def wrap(mod, name, label):
             log.append((label, threading.current_thread().name, s - T0, time.perf_counter() - T0))
     setattr(mod, name, f)
 wrap(be.nvcc, "compile_cuda", "nvcc")
-wrap(ga, "build", "build (lower+nvcc+load)")
+wrap(ga, "build", "build (lower+nvcc)")
+wrap(ga, "entry_point", "entry_point (load)")
+tl_lower = sys.modules["tilelang.engine.lower"]
+for name in ("lower_to_host_device_ir", "host_codegen", "device_codegen"):
+    wrap(tl_lower, name, name)
 import torch
 if torch.cuda.is_available():
     s = time.perf_counter(); torch.zeros(1, device="cuda"); torch.cuda.synchronize()
@@ -36,6 +42,12 @@ def get_tir(self, *a, **k):
     return r
 type(ga.gqa_fwd).get_tir = get_tir
 calls = ga.variant_calls(16, 4, 128, True, 0, "bshd", "bfloat16", 128 ** -0.5, *ga.reductions(16, 4))
+if os.environ.get("SERIAL"):
+    # Each kernel alone, one after another: its lowering without the other threads' contention.
+    for factory, args, tiling in calls.values():
+        s = time.perf_counter()
+        ga.KERNELS[ga.kernel_key(factory, args, tiling)] = ga.entry_point(ga.build(factory, factory.get_tir(*args, **tiling)))
+        log.append(("serial " + factory.__name__ if hasattr(factory, "__name__") else "serial", "main", s - T0, time.perf_counter() - T0))
 if torch.cuda.is_available():
     q = torch.randn(2, 1000, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(2, 1000, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))

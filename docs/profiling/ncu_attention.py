@@ -6,7 +6,8 @@ warm-up rounds, then one forward and one backward launch inside NVTX ranges. On 
         --section ComputeWorkloadAnalysis --section SchedulerStats \
         python docs/profiling/ncu_attention.py [attention|gqa] [causal]
 
-Shape: MHA fp16 B4 H16 S4096 D128 (attention) or GQA bf16 B2 32/8 S4096 D128 (gqa)."""
+Shape: MHA fp16 B4 H16 S4096 D128 (attention), GQA bf16 B2 32/8 S4096 D128 (gqa), or the gpt-oss
+shape of attention_sink (`attention_sink window128`: bf16 B1 64/8 S4096 D64, sinks, window 128)."""
 import importlib
 import os
 import sys
@@ -19,20 +20,25 @@ causal = len(sys.argv) > 2 and sys.argv[2] == "causal"
 A = importlib.import_module(f"generated.{name}.autograd")
 b, h, kv, dtype = (4, 16, 16, torch.float16) if name == "attention" else (2, 32, 8, torch.bfloat16)
 s, d = 4096, 128
+window = None
+extra = ()
+if name == "attention_sink":
+    b, h, kv, d, causal, window = 1, 64, 8, 64, True, 128
+    extra = (torch.randn(h, device="cuda"),)
 q = torch.randn(b, s, h, d, device="cuda", dtype=dtype)
 k, v = (torch.randn(b, s, kv, d, device="cuda", dtype=dtype) for _ in range(2))
 do = torch.randn_like(q)
 scale = d ** -0.5
 for _ in range(3):
-    o, lse = A.run_forward(q, k, v, causal, None, "bshd", scale)
-    A.run_backward(q, k, v, o, lse, do, causal, None, "bshd", scale)
+    o, lse = A.run_forward(q, k, v, *extra, causal, window, "bshd", scale)
+    A.run_backward(q, k, v, *extra, o, lse, do, causal, window, "bshd", scale)
 torch.cuda.synchronize()
 torch.cuda.nvtx.range_push("fwd")
-o, lse = A.run_forward(q, k, v, causal, None, "bshd", scale)
+o, lse = A.run_forward(q, k, v, *extra, causal, window, "bshd", scale)
 torch.cuda.synchronize()
 torch.cuda.nvtx.range_pop()
 torch.cuda.nvtx.range_push("bwd")
-A.run_backward(q, k, v, o, lse, do, causal, None, "bshd", scale)
+A.run_backward(q, k, v, *extra, o, lse, do, causal, window, "bshd", scale)
 torch.cuda.synchronize()
 torch.cuda.nvtx.range_pop()
 print("done", name, "causal" if causal else "full")

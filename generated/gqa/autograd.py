@@ -102,9 +102,15 @@ def prebuild(calls):
     if not missing:
         return
     with ThreadPoolExecutor(len(missing)) as pool:
-        builds = {key: pool.submit(build, *job) for key, job in missing.items()}
+        builds = {key: pool.submit(build_entry_point, *job) for key, job in missing.items()}
         for key, future in builds.items():
-            KERNELS[key] = entry_point(future.result())
+            KERNELS[key] = future.result()
+
+
+def build_entry_point(factory, prim_func):
+    """build() and entry_point() in one worker: loading a kernel links its host code into a shared
+    library (a C compiler subprocess, ~0.5 s), which overlaps the other kernels' builds here."""
+    return entry_point(build(factory, prim_func))
 
 
 def build(factory, prim_func):
