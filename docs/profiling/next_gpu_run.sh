@@ -1,10 +1,11 @@
 #!/bin/bash
-# The GPU work session 14 left, one call each (the device allows 600 s per call; a machine's
-# start takes 1.5-3 of the session's 30 minutes; carry .gpu, built with
+# The GPU work session 15 left, one call each (the device allows 600 s per call; a machine's
+# start takes 1-3 of the session's 30 minutes and refused starts count too; carry .gpu, built with
 # `../shared/tools/gpu-bundle flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof):
-#   1. The cold first fwd+bwd of one attention variant took 16.6 s in run 60 (9.9-14 s before):
-#      time each of its four kernels' builds alone on the GPU host (first_call_breakdown.py) to
-#      see whether the in_block backward or the host is slower.
+#   1. Short-window forward with several query heads of a KV group per block
+#      (docs/profiling/fwd_multi_tile_probe.py: +8% at the gpt-oss shape, 1.47x FlexAttention,
+#      +17% at D128 window 128; loses at window 512). Once the template has it (a forward used
+#      only where the key loop is at most two blocks), run the attention_sink tests and bench.
 #   2. in_block loses to split at small causal grids (B8 16/2 S2048 D64: 0.85x, run 57): time
 #      the gqa bench with a D64 shape, and consider a per-call choice by grid size.
 #   3. The lean eager check (run 53 ran out of time building swiglu's kernels):
@@ -13,6 +14,8 @@
 #      the bias epilogue alone (matmul_tiling_probe.py with bias=True).
 #   5. Host time of the forwards of matmul and swiglu (1.7-2.1x eager in run 54): the
 #      eager_ladder_probe.py approach on their public functions.
+#   6. The gqa and attention tests with the threaded prebuild (attention_sink's passed, run 64):
+#        bash docs/profiling/next_gpu_run.sh tests gqa attention
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
