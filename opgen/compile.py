@@ -1,12 +1,19 @@
 """CPU compile check: every kernel instance of a plan, lowered by TileLang and compiled by nvcc
-for sm_90a, in parallel processes. No GPU needed; nothing is mocked."""
+for sm_90a, in parallel processes. No GPU needed; nothing is mocked.
+
+The build's check (compile_all without keep_cache) lowers each kernel as its @tilelang.jit
+factory would, then runs nvcc on several kernels' CUDA in one translation unit: nvcc spends
+seconds (3-5 s on 2 cores) on TileLang's headers, paid once per batch instead of once per kernel.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import importlib.util
+import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -100,22 +107,30 @@ def compile_one(spec: str, kernels_path: str, job: CompileJob) -> CompileResult:
         if kernel.artifact is None:  # loaded from TileLang's disk cache (keep_cache): built before
             return CompileResult(spec, job.label, True, time.perf_counter() - start,
                                  source="tilelang cache")
-        smem, threads = _resources(kernel)
+        smem, threads = _resources(kernel.artifact.device_mod)
     except Exception as exc:  # report every failing kernel, keep compiling the rest
-        text = f"{type(exc).__name__}: {exc}".strip().splitlines()
         return CompileResult(spec, job.label, False, time.perf_counter() - start,
-                             error="\n".join(text[-12:]))
-    seconds = time.perf_counter() - start
+                             error=_error_text(exc))
+    return _verdict(spec, job.label, time.perf_counter() - start, smem, threads)
+
+
+def _error_text(exc: Exception) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return "\n".join(text[-12:])
+
+
+def _verdict(spec: str, label: str, seconds: float, smem: int, threads: int) -> CompileResult:
+    """The result of a kernel that compiled: it still fails over the sm_90 shared-memory limit."""
     if smem > SM90_SMEM_LIMIT:
-        return CompileResult(spec, job.label, False, seconds, smem, threads,
+        return CompileResult(spec, label, False, seconds, smem, threads,
                              f"uses {smem} bytes of shared memory, over the sm_90 limit "
                              f"{SM90_SMEM_LIMIT}; it would fail at launch")
-    return CompileResult(spec, job.label, True, seconds, smem, threads)
+    return CompileResult(spec, label, True, seconds, smem, threads)
 
 
-def _resources(kernel) -> tuple[int, int]:
+def _resources(device_mod) -> tuple[int, int]:
     smem = threads = 0
-    for func in kernel.artifact.device_mod.functions.values():
+    for func in device_mod.functions.values():
         attrs = func.attrs or {}
         if "dyn_shared_memory_buf" in attrs:
             smem = max(smem, int(attrs["dyn_shared_memory_buf"]))
@@ -123,6 +138,228 @@ def _resources(kernel) -> tuple[int, int]:
         if "threadIdx.x" in extent:
             threads = max(threads, int(extent["threadIdx.x"]))
     return smem, threads
+
+
+# --- The build's check: kernels lowered one by one, compiled by nvcc in batches -----------------
+
+# Most kernels per batch (one worker task). Up to 12 kernels share one nvcc run, so its header
+# parsing costs well under 0.5 s a kernel, while a batch stays short (about 1.5 min of attention
+# backward kernels on one core) for the workers to finish together; compile_all makes batches
+# smaller when there would otherwise be fewer batches than workers.
+BATCH_SIZE = 12
+
+# A kernel's declaration and definition, as TileLang's CUDA codegen writes them (at column 0).
+_KERNEL = re.compile(r'^extern "C" __global__ void (?:__launch_bounds__\([^)\n]*\) )?(\w+)\(', re.M)
+
+
+@dataclass
+class _Lowered:
+    """A kernel lowered without nvcc, with what nvcc needs to compile it as TileLang would."""
+
+    index: int  # in its batch
+    spec: str
+    label: str
+    source: str
+    target: object  # the tvm Target
+    pass_configs: dict
+    smem: int
+    threads: int
+    seconds: float
+    error: str = ""  # nvcc's, for the kernel alone
+
+
+def check_batch(items: list[tuple[str, str, CompileJob]]) -> list[CompileResult]:
+    """compile_one's results for (spec, kernels.py path, job) items, with fewer nvcc runs: each
+    kernel is lowered as its factory lowers it, then the kernels whose sources share a preamble
+    and whose nvcc options agree are compiled by nvcc in one translation unit. When that fails,
+    each of them is compiled alone: an error belongs to its kernel and reads as nvcc reports it
+    for that kernel alone."""
+    from tilelang.env import env
+
+    if env.is_cache_enabled():  # TileLang's binary cache would stand in for nvcc
+        raise RuntimeError("check_batch runs with TileLang's caches disabled")
+    results: list[CompileResult | None] = [None] * len(items)
+    lowered: list[_Lowered] = []
+    for i, (spec, path, job) in enumerate(items):
+        start = time.perf_counter()
+        try:
+            done = _lower(getattr(_load(path), job.factory), job)
+            if done is None:  # not built by TileLang's nvcc callback: left to the JIT itself
+                results[i] = compile_one(spec, path, job)
+                continue
+            artifact, pass_configs = done
+            smem, threads = _resources(artifact.device_mod)
+        except Exception as exc:  # as in compile_one: report it, check the rest
+            results[i] = CompileResult(spec, job.label, False, time.perf_counter() - start,
+                                       error=_error_text(exc))
+            continue
+        lowered.append(_Lowered(i, spec, job.label, artifact.kernel_source, artifact.target,
+                                pass_configs, smem, threads, time.perf_counter() - start))
+    for group in _nvcc_groups(lowered):
+        _compile_group(group)
+    for k in lowered:
+        results[k.index] = (CompileResult(k.spec, k.label, False, k.seconds, error=k.error)
+                            if k.error else _verdict(k.spec, k.label, k.seconds, k.smem, k.threads))
+    return results
+
+
+def _lower(factory, job: CompileJob):
+    """(artifact, pass configs) of the job's kernel, lowered as calling the factory lowers it but
+    without nvcc: what JITImpl.compile, tilelang.jit.compile, the kernel cache's `cached` and
+    JITKernel do in tilelang 0.1.15 (their diagnostics instruments aside), with device compile
+    off. None when the JIT would not build the device code with TileLang's CUDA callback."""
+    from tilelang import tvm
+    from tilelang.backend.module import create_backend_context
+    from tilelang.engine.lower import lower_with_context
+    from tilelang.env import env
+    from tilelang.jit.abi import prepare_tvm_ffi_callee_allocated_outputs
+    from tilelang.transform import PassConfigKey
+    from tilelang.transform.pass_config import normalize_pass_configs
+
+    func = factory.get_tir(*job.args, **job.tiling)
+    out_idx, pass_configs, flags = factory.out_idx, factory.pass_configs, factory.compile_flags
+    # tilelang.jit.compile: settings the PrimFunc carries itself.
+    attrs = func.attrs
+    if attrs and "tilelang_out_idx" in attrs:
+        if out_idx is not None:
+            raise ValueError("Out index conflict: out_idx is specified and prim_func have "
+                             "returned `T.empty` tensors")
+        out_idx = list(attrs["tilelang_out_idx"])
+    if attrs and "tilelang_pass_configs" in attrs:
+        pass_configs = {**dict(attrs["tilelang_pass_configs"]), **(pass_configs or {})}
+    if attrs and "tilelang_compile_flags" in attrs:
+        extra = [flags] if isinstance(flags, str) else list(flags or [])
+        flags = [*attrs["tilelang_compile_flags"], *extra]
+    # cached(): the target and execution backend, from the environment unless the factory sets them.
+    context = create_backend_context(
+        env.get_default_target() if factory.target is None else factory.target, factory.target_host,
+        env.get_default_execution_backend() if factory.execution_backend is None
+        else factory.execution_backend)
+    backend = context.execution_backend
+    if context.module.name != "cuda" or not backend.enable_device_compile:
+        return None
+    # JITKernel: normalized pass configs, the out_idx ABI, compile flags as a pass config.
+    pass_configs = normalize_pass_configs(pass_configs)
+    if backend.name == "tvm_ffi":
+        func, out_idx = prepare_tvm_ffi_callee_allocated_outputs(
+            func, out_idx, supports_callee_allocated_outputs=backend.supports_callee_allocated_outputs)
+    flags = [flags] if isinstance(flags, str) else flags
+    if flags is not None:
+        configured = pass_configs.get(PassConfigKey.TL_DEVICE_COMPILE_FLAGS)
+        configured = ([] if configured is None else [configured] if isinstance(configured, str)
+                      else list(configured))
+        pass_configs[PassConfigKey.TL_DEVICE_COMPILE_FLAGS] = [*configured, *flags]
+    with tvm.transform.PassContext(opt_level=3, config=pass_configs), context.target:
+        artifact = lower_with_context(func, context, enable_host_codegen=backend.enable_host_codegen,
+                                      enable_device_compile=False)
+    return artifact, pass_configs
+
+
+def _split(source: str) -> tuple[str, str] | None:
+    """(preamble, kernels) of a lowered CUDA source: the text before its first kernel, and the
+    rest. None unless the rest holds nothing at top level but __global__ kernels, and no
+    preprocessor directive but #pragma: another kernel placed after it then sees nothing of it
+    but kernel names, which _batch_source renames apart."""
+    first = _KERNEL.search(source)
+    if first is None:
+        return None
+    kernels = source[first.start():]
+    for line in kernels.splitlines():
+        directive = line.lstrip().startswith("#") and not line.lstrip().startswith("#pragma")
+        top_level = line[:1] not in ("", " ", "\t")  # the codegen indents what is nested
+        if directive or (top_level and line != "}" and not _KERNEL.match(line)):
+            return None
+    return source[:first.start()], kernels
+
+
+def _nvcc_groups(kernels: list[_Lowered]) -> list[list[_Lowered]]:
+    """The kernels by what nvcc sees besides their kernels: the same preamble, byte for byte, and
+    the same pass configs (nvcc's options) and target. One that _split refuses is alone."""
+    groups: dict[tuple[str, str, str], list[_Lowered]] = {}
+    alone = []
+    for k in kernels:
+        split = _split(k.source)
+        if split is None:
+            alone.append([k])
+            continue
+        options = json.dumps(k.pass_configs, sort_keys=True, default=repr)
+        groups.setdefault((split[0], str(k.target), options), []).append(k)
+    return [*groups.values(), *alone]
+
+
+def _batch_source(sources: list[str]) -> tuple[str, list[str]]:
+    """One translation unit of sources with the same preamble: the preamble, then each source's
+    kernels, each kernel's name in its declaration and definition suffixed with the source's
+    position (extern "C" names must differ). With the new names, in order."""
+    preamble, parts, names = None, [], {}
+    for i, source in enumerate(sources):
+        head, kernels = _split(source)
+        if preamble not in (None, head):
+            raise ValueError("sources with different preambles")
+        preamble = head
+
+        def rename(match: re.Match, i=i) -> str:
+            name = names.setdefault((i, match.group(1)), f"{match.group(1)}_opgen{i}")
+            return match.group(0)[:match.start(1) - match.start(0)] + name + "("
+
+        parts.append(_KERNEL.sub(rename, kernels))
+    return preamble + "\n".join(parts), list(names.values())
+
+
+def _compile_group(group: list[_Lowered]) -> None:
+    """nvcc on the group's kernels, at once when there are several; each kernel alone when that
+    fails (or a kernel is missing from the binary). Each gets its share of the time."""
+    if len(group) > 1:
+        code, names = _batch_source([k.source for k in group])
+        start = time.perf_counter()
+        try:
+            binary = _nvcc(code, group[0].target, group[0].pass_configs)
+            # TARGET has one arch: a cubin, whose symbol table names every kernel
+            passed = all(f"{name}\0".encode() in binary for name in names)
+        except Exception:  # compiled alone below, for each kernel's own error
+            passed = False
+        share = (time.perf_counter() - start) / len(group)
+        for k in group:
+            k.seconds += share
+        if passed:
+            return
+    for k in group:
+        start = time.perf_counter()
+        try:
+            _nvcc(k.source, k.target, k.pass_configs)
+        except Exception as exc:
+            k.error = _error_text(exc)
+        k.seconds += time.perf_counter() - start
+
+
+def _nvcc(code: str, target, pass_configs: dict) -> bytes:
+    """The cubin of CUDA source, from TileLang's own nvcc callback, given what TileLang's CUDA
+    codegen gives it: the target and the current pass context's config."""
+    from tilelang import tvm
+    from tilelang.cuda.backend import tilelang_callback_cuda_compile
+
+    with tvm.transform.PassContext(opt_level=3, config=pass_configs), target:
+        return tilelang_callback_cuda_compile(code, target, tvm.transform.PassContext.current().config)
+
+
+def _batches(work: list[tuple[str, Path, CompileJob]], workers: int) -> list[list[int]]:
+    """Indices of work in batches of at most BATCH_SIZE, never fewer batches than workers when
+    there are as many kernels. A batch holds jobs of one factory of one kernels.py: their sources
+    most likely share a preamble (one nvcc run); a larger group is split evenly."""
+    size = max(1, min(BATCH_SIZE, -(-len(work) // workers)))
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, (_, path, job) in enumerate(work):
+        groups.setdefault((str(path), job.factory), []).append(i)
+    batches = []
+    for indices in groups.values():
+        count = -(-len(indices) // size)
+        batches += [indices[len(indices) * b // count:len(indices) * (b + 1) // count]
+                    for b in range(count)]
+    return batches
+
+
+def _compile_single(spec: str, kernels_path: str, job: CompileJob) -> list[CompileResult]:
+    return [compile_one(spec, kernels_path, job)]
 
 
 def compile_all(
@@ -133,7 +370,8 @@ def compile_all(
 ) -> list[CompileResult]:
     """Compile (spec, kernels.py path, job) triples in a process pool; results in input order.
     keep_cache: read and fill TileLang's disk cache (`opgen tune`: the GPU run then loads the
-    kernels the check built instead of compiling them again, one by one).
+    kernels the check built instead of compiling them again, one by one); each kernel is then
+    built by its factory, alone. Without it, kernels are checked in batches (check_batch).
 
     On KeyboardInterrupt the workers are killed at once (a kernel compile takes seconds to
     finish) and the interrupt propagates.
@@ -144,12 +382,18 @@ def compile_all(
     pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
                                initargs=(os.getpid(), keep_cache))
     try:
-        futures = {pool.submit(compile_one, spec, str(path), job): i for i, (spec, path, job) in enumerate(work)}
+        if keep_cache:  # each kernel built whole by its factory, into TileLang's cache
+            futures = {pool.submit(_compile_single, spec, str(path), job): [i]
+                       for i, (spec, path, job) in enumerate(work)}
+        else:
+            futures = {pool.submit(check_batch, [(work[i][0], str(work[i][1]), work[i][2])
+                                                 for i in batch]): batch
+                       for batch in _batches(work, workers)}
         for future in as_completed(futures):
-            result = future.result()
-            results[futures[future]] = result
-            if on_done:
-                on_done(result)
+            for i, result in zip(futures[future], future.result(), strict=True):
+                results[i] = result
+                if on_done:
+                    on_done(result)
     except BaseException:
         _kill_workers(pool)
         raise
