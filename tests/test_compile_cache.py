@@ -300,15 +300,21 @@ def copy_of(first_build, tmp_path, *, generated: bool, cache: bool) -> tuple[Pat
 @pytest.mark.compile
 @pytest.mark.xdist_group("compile_cache")
 def test_first_build_compiles_and_stores_every_kernel(first_build):
+    """`opgen build` compiles every kernel of every spec for real, writes the packages and records
+    the check in their manifests: CI's `opgen check --require-compiled` passes."""
     project, cache, result = first_build
     assert counts(result.stdout) == (2 * TINY_JOBS, 2 * TINY_JOBS, 0, 0)
+    assert "compile failed" not in result.stdout + result.stderr
     assert len(entries(cache)) == 2 * TINY_JOBS
     lines = [line for line in result.stdout.splitlines() if line.startswith("compile check: ")]
     assert sorted(line.split()[2] for line in lines) == ["specs/other.toml", "specs/tiny.toml"]
     assert all(f" {TINY_JOBS}/{TINY_JOBS} passed, 0 cached, " in line for line in lines), lines
-    manifest = json.loads((project / "generated/tiny/opgen-manifest.json").read_text())
-    assert manifest["compile_checked"] is True
-    assert manifest["compiled_with"] == toolchain().record()
+    for name in ("tiny", "other"):
+        assert (project / f"generated/{name}/kernels.py").is_file()
+        manifest = json.loads((project / f"generated/{name}/opgen-manifest.json").read_text())
+        assert manifest["compile_checked"] is True
+        assert manifest["compiled_with"] == toolchain().record()
+    assert opgen("check", "--require-compiled", cwd=project, cache=cache).returncode == 0
 
 
 @pytest.mark.compile
