@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
@@ -104,10 +105,18 @@ def generate(path: Path, env: jinja2.Environment | None = None,
     files: dict[str, str] = {}
     for out_name, template in sorted(family.templates.items()):
         text = env.get_template(template).render(plan=plan, header=header(plan.source))
-        files[out_name.format(name=plan.name)] = black.format_str(text, mode=BLACK_MODE)
+        files[out_name.format(name=plan.name)] = formatted(text)
     files[SPEC_FILE] = source.text
     files[MANIFEST] = manifest(plan.source, files, compile_checked=False)
     return Generated(plan.name, plan.source.spec_path, plan, files, out_root)
+
+
+@lru_cache(maxsize=256)
+def formatted(text: str) -> str:
+    """black's output for a rendered file. Formatting is most of a render's time and a pure
+    function of the text, so a process that renders a spec again (`opgen tune`, opgen's own tests)
+    formats each distinct text once."""
+    return black.format_str(text, mode=BLACK_MODE)
 
 
 def header(source: SourceInfo) -> str:
