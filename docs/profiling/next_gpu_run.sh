@@ -1,21 +1,24 @@
 #!/bin/bash
-# The GPU work session 15 left, one call each (the device allows 600 s per call; a machine's
+# The GPU work session 16 left, one call each (the device allows 600 s per call; a machine's
 # start takes 1-3 of the session's 30 minutes and refused starts count too; carry .gpu, built with
-# `../shared/tools/gpu-bundle flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof):
-#   1. Short-window forward with several query heads of a KV group per block
-#      (docs/profiling/fwd_multi_tile_probe.py: +8% at the gpt-oss shape, 1.47x FlexAttention,
-#      +17% at D128 window 128; loses at window 512). Once the template has it (a forward used
-#      only where the key loop is at most two blocks), run the attention_sink tests and bench.
-#   2. in_block loses to split at small causal grids (B8 16/2 S2048 D64: 0.85x, run 57): time
-#      the gqa bench with a D64 shape, and consider a per-call choice by grid size.
-#   3. The lean eager check (run 53 ran out of time building swiglu's kernels):
-#        timeout 300 python docs/profiling/lean_eager_check.py
-#   4. matmul 4096^3 fwd with bias at 0.91x cuBLAS (the kernel alone without bias 0.97x): time
-#      the bias epilogue alone (matmul_tiling_probe.py with bias=True).
-#   5. Host time of the forwards of matmul and swiglu (1.7-2.1x eager in run 54): the
-#      eager_ladder_probe.py approach on their public functions.
-#   6. The gqa and attention tests with the threaded prebuild (attention_sink's passed, run 64):
-#        bash docs/profiling/next_gpu_run.sh tests gqa attention
+# `../shared/tools/gpu-bundle flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof).
+# Two branches wait for the GPU (each compile-checked on the CPU): walk-heads (the forward walking
+# several query heads per block at short windows, index math without divisions; lse and Delta
+# stored element by element, ~2-3 s less lowering per forward kernel) and matmul-bias (the
+# forward's accumulator starts at the bias). Test them together:
+#   git checkout -b trial main && git merge walk-heads matmul-bias
+#   1. bash docs/profiling/next_gpu_run.sh tests attention_sink gqa attention matmul;
+#      python docs/profiling/heads_per_block_sweep.py (is the template's walking kernel at the
+#      probe's 57 TF/s now?); bash docs/profiling/next_gpu_run.sh bench attention_sink.
+#      Merge walk-heads if the tests pass and the sweep's x8 is at least the plain column; else
+#      cherry-pick its lse commit alone (a lowering-time change) and keep the walk for later.
+#   2. Cold first call with the lse change: python docs/profiling/first_call.py (three cold runs);
+#      matmul: bash docs/profiling/next_gpu_run.sh bench matmul and
+#      python docs/profiling/matmul_tiling_probe.py --quick (bias epilogue vs cuBLAS at 4096^3).
+#   3. python docs/profiling/flex_baseline_probe.py (FlexAttention's gpt-oss forward moved 14-39
+#      TF/s between runs); timeout 300 python docs/profiling/lean_eager_check.py (host times first).
+#   4. in_block vs split at small causal grids (B8 16/2 S2048 D64: 0.85x, run 57): the gqa bench
+#      with a D64 shape, and a per-call choice by grid size like heads_per_block's.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
