@@ -5,8 +5,9 @@
 # Two branches wait for the GPU (each compile-checked on the CPU): walk-heads (the forward walking
 # several query heads per block at short windows, index math without divisions; lse and Delta
 # stored element by element, ~2-3 s less lowering per forward kernel) and matmul-bias (the
-# forward's accumulator starts at the bias). Test them together:
-#   git checkout -b trial main && git merge walk-heads matmul-bias
+# forward's accumulator starts at the bias). Test them together on branch `trial` (main with
+# both merged; its CPU tests: see the session-16 note):
+#   git checkout trial   (git merge main first if main moved)
 #   1. bash docs/profiling/next_gpu_run.sh tests attention_sink gqa attention matmul;
 #      python docs/profiling/heads_per_block_sweep.py (is the template's walking kernel at the
 #      probe's 57 TF/s now?); bash docs/profiling/next_gpu_run.sh bench attention_sink.
