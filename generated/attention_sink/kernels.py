@@ -320,9 +320,11 @@ def attention_sink_fwd(
         for i, j in T.Parallel(block_m, dim):
             acc_o[i, j] /= row_denom[i]
         T.copy(acc_o, rows(O, bz, h, bx * block_m, block_m))
+        # lse stored by the loop that computes it, unguarded: TileLang guards each store past
+        # padded_rows itself. A T.copy from the fragment, or a guard written here, costs its
+        # layout inference ~2 s over the symbolic padded_rows (a cold first call waits for it).
         for i in T.Parallel(block_m):
-            row_denom[i] = T.log2(row_denom[i]) + row_max[i] * scale
-        T.copy(row_denom, lse[bz, h, bx * block_m : (bx + 1) * block_m])
+            lse[bz, h, bx * block_m + i] = T.log2(row_denom[i]) + row_max[i] * scale
 
     def key_blocks(bx):
         """[start, end) of the key blocks some query of query block bx sees: the others are
@@ -547,7 +549,9 @@ def attention_sink_bwd_preprocess(
             for i, j in T.Parallel(block_m, dim):
                 acc[i, j] = T.cast(o[i, j], ACCUM) * T.cast(do[i, j], ACCUM)
             T.reduce_sum(acc, delta, dim=1)
-            T.copy(delta, Delta[bz, by, bx * block_m : (bx + 1) * block_m])
+            # Element by element, unguarded, as the forward stores lse (TileLang guards the tail).
+            for i in T.Parallel(block_m):
+                Delta[bz, by, bx * block_m + i] = delta[i]
             T.clear(zeros)
             T.copy(zeros, rows(dQ, bz, by, bx * block_m, block_m))
             if by < kv_heads:
