@@ -313,6 +313,7 @@ def launcher(call):
 
 @functools.cache
 def sm_count(device):
+    """The device's streaming multiprocessors: the blocks heads_per_block keeps busy."""
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
