@@ -65,9 +65,18 @@ def scores(q, k, heads, kv_heads, scale, causal, window):
 def emulations(name, sinks):
     """Factory name -> (factory arguments -> run(*buffers)), the kernels of package `name`."""
 
+    walks_heads = getattr(import_generated(name, "kernels"), "walks_heads", None)
+
     def fwd(heads, kv_heads, dim, causal, window, layout, dtype, scale, **tiling):
+        # At a short window the kernel takes the query heads a block walks after its tensors.
+        walks = walks_heads is not None and walks_heads(window, tiling["block_m"], tiling["block_n"])
+
         def run(q, k, v, *rest):
-            sink, (o, lse) = (rest[0], rest[1:]) if sinks else (None, rest)
+            sink, rest = (rest[0], rest[1:]) if sinks else (None, rest)
+            o, lse, *scalars = rest
+            assert len(scalars) == walks, (walks, scalars)
+            if walks:
+                assert heads % scalars[0] == 0, (heads, scalars)
             batch, seq_len = q.shape[0], bhsd(q, layout).shape[2]
             for t, h in ((q, heads), (k, kv_heads), (v, kv_heads)):
                 check(t, shape_of(layout, batch, h, seq_len, dim), getattr(torch, dtype), dense=False)
@@ -237,6 +246,9 @@ def emulate(monkeypatch):
         monkeypatch.setattr(autograd, "kernel", kernels)
         monkeypatch.setattr(autograd, "prebuild", lambda calls: None)  # nothing to build
         monkeypatch.setattr(autograd, "PLANS", {})
+        if hasattr(autograd, "sm_count"):
+            # One SM (no CUDA device here): a short-window forward walks the most heads it may.
+            monkeypatch.setattr(autograd, "sm_count", lambda device: 1)
         return autograd, kernels
 
     return install

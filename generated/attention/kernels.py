@@ -236,6 +236,65 @@ def attention_fwd(
         for i, j in T.Parallel(block_m, block_n):
             acc_s[i, j] = T.exp2(acc_s[i, j] * scale - row_max[i] * scale)
 
+    @T.macro
+    def attend(
+        Q_shared,
+        K_shared,
+        V,
+        V_shared,
+        acc_s,
+        acc_s_cast,
+        acc_o,
+        row_max,
+        row_max_prev,
+        row_rescale,
+        row_sum,
+        row_denom,
+        bx,
+        kv_head,
+        bz,
+        k,
+    ):
+        """Key block k of the plain schedule (K_shared loaded): scores, online softmax, PV."""
+        init_scores(acc_s, bx, k)
+        T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+        T.copy(rows(V, bz, kv_head, k * block_n, block_n), V_shared)
+        new_row_max(acc_s, row_max, row_max_prev, row_rescale)
+        for i, j in T.Parallel(block_m, dim):
+            acc_o[i, j] *= row_rescale[i]
+        probabilities(acc_s, row_max)
+        T.copy(acc_s, acc_s_cast)
+        T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+        T.reduce_sum(acc_s, row_sum, dim=1)
+        for i in T.Parallel(block_m):
+            row_denom[i] = row_denom[i] * row_rescale[i] + row_sum[i]
+
+    @T.macro
+    def start_rows(acc_o, row_denom, row_max):
+        T.fill(acc_o, 0)
+        T.fill(row_denom, 0)
+        T.fill(row_max, NEG_INIT)
+
+    @T.macro
+    def finish_rows(O, lse, acc_o, row_max, row_denom, bx, h, bz):
+        """O and lse of query head h's rows of this block."""
+        for i, j in T.Parallel(block_m, dim):
+            acc_o[i, j] /= row_denom[i]
+        T.copy(acc_o, rows(O, bz, h, bx * block_m, block_m))
+        # lse stored by the loop that computes it, unguarded: TileLang guards each store past
+        # padded_rows itself. A T.copy from the fragment, or a guard written here, costs its
+        # layout inference ~2 s over the symbolic padded_rows (a cold first call waits for it).
+        for i in T.Parallel(block_m):
+            lse[bz, h, bx * block_m + i] = T.log2(row_denom[i]) + row_max[i] * scale
+
+    def key_blocks(bx):
+        """[start, end) of the key blocks some query of query block bx sees: the others are
+        skipped, not masked (past the last query when causal, before the first one's window)."""
+        n_blocks = T.ceildiv(seq_len, block_n)
+        end = T.min(T.ceildiv((bx + 1) * block_m, block_n), n_blocks) if causal else n_blocks
+        start = T.max(T.floordiv(bx * block_m - window + 1, block_n), 0) if window else 0
+        return start, end
+
     @T.prim_func
     def fwd(
         Q: _input(q_shape, dtype, "q"),
@@ -258,16 +317,8 @@ def attention_fwd(
             row_denom = T.alloc_fragment([block_m], ACCUM)
 
             T.copy(rows(Q, bz, by, bx * block_m, block_m), Q_shared)
-            T.fill(acc_o, 0)
-            T.fill(row_denom, 0)
-            T.fill(row_max, NEG_INIT)
-            n_blocks = T.ceildiv(seq_len, block_n)
-            # Key blocks no query of this block sees are skipped, not masked: past the last
-            # query (causal) and before the first query's window.
-            loop_end = (
-                T.min(T.ceildiv((bx + 1) * block_m, block_n), n_blocks) if causal else n_blocks
-            )
-            loop_start = T.max(T.floordiv(bx * block_m - window + 1, block_n), 0) if window else 0
+            start_rows(acc_o, row_denom, row_max)
+            loop_start, loop_end = key_blocks(bx)
             if overlap:
                 n = loop_end - loop_start
                 # First read at step 1, after step 0 wrote it: cleared for the read-before-write check.
@@ -317,26 +368,25 @@ def attention_fwd(
                 for step in T.Pipelined(loop_end - loop_start, num_stages=num_stages):
                     k = loop_start + step
                     T.copy(rows(K, bz, by // groups, k * block_n, block_n), K_shared)
-                    init_scores(acc_s, bx, k)
-                    T.gemm(
-                        Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow
+                    attend(
+                        Q_shared,
+                        K_shared,
+                        V,
+                        V_shared,
+                        acc_s,
+                        acc_s_cast,
+                        acc_o,
+                        row_max,
+                        row_max_prev,
+                        row_rescale,
+                        row_sum,
+                        row_denom,
+                        bx,
+                        by // groups,
+                        bz,
+                        k,
                     )
-                    T.copy(rows(V, bz, by // groups, k * block_n, block_n), V_shared)
-                    new_row_max(acc_s, row_max, row_max_prev, row_rescale)
-                    for i, j in T.Parallel(block_m, dim):
-                        acc_o[i, j] *= row_rescale[i]
-                    probabilities(acc_s, row_max)
-                    T.copy(acc_s, acc_s_cast)
-                    T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
-                    T.reduce_sum(acc_s, row_sum, dim=1)
-                    for i in T.Parallel(block_m):
-                        row_denom[i] = row_denom[i] * row_rescale[i] + row_sum[i]
-            for i, j in T.Parallel(block_m, dim):
-                acc_o[i, j] /= row_denom[i]
-            T.copy(acc_o, rows(O, bz, by, bx * block_m, block_m))
-            for i in T.Parallel(block_m):
-                row_denom[i] = T.log2(row_denom[i]) + row_max[i] * scale
-            T.copy(row_denom, lse[bz, by, bx * block_m : (bx + 1) * block_m])
+            finish_rows(O, lse, acc_o, row_max, row_denom, bx, by, bz)
 
     return fwd
 
@@ -391,7 +441,9 @@ def attention_bwd_preprocess(
             for i, j in T.Parallel(block_m, dim):
                 acc[i, j] = T.cast(o[i, j], ACCUM) * T.cast(do[i, j], ACCUM)
             T.reduce_sum(acc, delta, dim=1)
-            T.copy(delta, Delta[bz, by, bx * block_m : (bx + 1) * block_m])
+            # Element by element, unguarded, as the forward stores lse (TileLang guards the tail).
+            for i in T.Parallel(block_m):
+                Delta[bz, by, bx * block_m + i] = delta[i]
             T.clear(zeros)
             T.copy(zeros, rows(dQ, bz, by, bx * block_m, block_m))
             if by < kv_heads:

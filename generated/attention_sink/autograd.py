@@ -3,6 +3,7 @@
 """Autograd of `attention_sink` as torch.library custom ops: input checks, buffers, kernel phases."""
 
 import contextlib
+import functools
 import math
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,7 +27,9 @@ from .kernels import (
     attention_sink_bwd_dsinks,
     default_softmax_scale,
     dkv_buffer,
+    heads_per_block,
     padded_rows,
+    walks_heads,
 )
 from .reference import attention_sink_reference
 
@@ -308,6 +311,12 @@ def launcher(call):
     return kernel(factory, *args, **tiling)
 
 
+@functools.cache
+def sm_count(device):
+    """The device's streaming multiprocessors: the blocks heads_per_block keeps busy."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 class CallPlan:
     """What a call's metadata (q's and k's shapes, the dtype, causal, window, layout, the scale
     and the dK/dV reductions) determines, worked out once per distinct metadata: each phase's
@@ -322,6 +331,7 @@ class CallPlan:
         "dk_buffer",
         "dv_buffer",
         "finish_dkv",
+        "fwd_scalars",
         "fwd",
         "preprocess",
         "bwd",
@@ -353,6 +363,14 @@ class CallPlan:
         self.postprocess = launcher(calls["postprocess"])
         self.dsinks = launcher(calls["dsinks"])
         self.seq_len = seq_len
+        # The runtime arguments of the fwd kernel after its tensors: the query heads a block
+        # walks, where the window is short enough for the kernel to walk several.
+        fwd_tiling = calls["fwd"][2]
+        self.fwd_scalars = (
+            (heads_per_block(batch, heads, seq_len, fwd_tiling["block_m"], sm_count(q.device)),)
+            if walks_heads(window, fwd_tiling["block_m"], fwd_tiling["block_n"])
+            else ()
+        )
         # Rows past seq_len are padding the kernels write and the backward's masked tiles read.
         self.lse_shape = (batch, heads, padded_rows(seq_len))
         self.dq_accum_shape = shape_of(layout, batch, heads, padded_rows(seq_len), head_dim)
@@ -421,7 +439,7 @@ def run_forward(q, k, v, sinks, causal, window, layout, softmax_scale, plan=None
     # Dense, whatever q's strides (empty_like would copy a transposed q's).
     o = q.new_empty(q.shape)
     lse = q.new_empty(plan.lse_shape, dtype=torch.float32)
-    plan.fwd(q, k, v, sinks.float(), o, lse)
+    plan.fwd(q, k, v, sinks.float(), o, lse, *plan.fwd_scalars)
     return o, lse
 
 

@@ -129,6 +129,38 @@ def _needs_mask(seq_len, causal, window):
     return needs
 
 
+def walks_heads(window, block_m, block_n):
+    """Whether the forward's block walks several query heads: at a window so short that a block
+    of queries sees at most two blocks of keys (block_m a multiple of block_n). Such a block is
+    mostly prologue (Q and the first K/V loads) and epilogue (O and lse stores): one pipeline over
+    several heads' (head, key block) steps loads the next head's tiles during this head's
+    epilogue. At longer windows the key loop hides them already, and reloading Q every step
+    (what lets heads follow each other in one pipeline) costs more than it saves."""
+    key_blocks = block_m // block_n + (window - 1 + block_n - 1) // block_n
+    return bool(window) and block_m % block_n == 0 and key_blocks <= 2
+
+
+# At most this many query heads per forward block: past it the prologue and epilogue are
+# already a small part of a block's time.
+MAX_HEADS_PER_BLOCK = 8
+
+
+def heads_per_block(batch, heads, seq_len, block_m, sm_count):
+    """Query heads per block of a forward that walks heads (walks_heads), for one call's shape:
+    the most, a power of two dividing heads and at most MAX_HEADS_PER_BLOCK, that still leave
+    blocks for 7/8 of the SMs. Fewer, longer blocks than that leave SMs idle: on the H200 (132
+    SMs) 128 blocks of two heads beat 256 blocks of one, 64 blocks lose by half."""
+    query_blocks = (seq_len + block_m - 1) // block_m * batch
+    per_block = 1
+    while (
+        per_block * 2 <= MAX_HEADS_PER_BLOCK
+        and heads % (per_block * 2) == 0
+        and query_blocks * (heads // (per_block * 2)) * 8 >= sm_count * 7
+    ):
+        per_block *= 2
+    return per_block
+
+
 def padded_rows(seq_len):
     """Rows of lse, Delta and the fp32 dQ accumulator: a multiple of 8, so that an fp32 row is
     16-byte aligned for TMA copies, and the dQ fragment layout below can group rows by 8."""
@@ -195,6 +227,9 @@ def attention_sink_fwd(
     overlap=True (256 threads, pipelined): the QK^T GEMM of key block s and the PV GEMM of block
     s - 1 are issued together as async WGMMA and the softmax of block s runs while PV is in
     flight, so the tensor cores are not idle during the softmax.
+    At a short window (walks_heads) the block walks heads_per_block query heads (a runtime
+    argument, chosen per call by heads_per_block()) in one pipeline, with the plain schedule
+    whatever `overlap` says: grid dim 1 is heads // heads_per_block.
     """
     batch, seq_len = runtime_dims()
     scale = softmax_scale * LOG2E
@@ -237,6 +272,138 @@ def attention_sink_fwd(
         for i, j in T.Parallel(block_m, block_n):
             acc_s[i, j] = T.exp2(acc_s[i, j] * scale - row_max[i] * scale)
 
+    @T.macro
+    def attend(
+        Q_shared,
+        K_shared,
+        V,
+        V_shared,
+        acc_s,
+        acc_s_cast,
+        acc_o,
+        row_max,
+        row_max_prev,
+        row_rescale,
+        row_sum,
+        row_denom,
+        bx,
+        kv_head,
+        bz,
+        k,
+    ):
+        """Key block k of the plain schedule (K_shared loaded): scores, online softmax, PV."""
+        init_scores(acc_s, bx, k)
+        T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+        T.copy(rows(V, bz, kv_head, k * block_n, block_n), V_shared)
+        new_row_max(acc_s, row_max, row_max_prev, row_rescale)
+        for i, j in T.Parallel(block_m, dim):
+            acc_o[i, j] *= row_rescale[i]
+        probabilities(acc_s, row_max)
+        T.copy(acc_s, acc_s_cast)
+        T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+        T.reduce_sum(acc_s, row_sum, dim=1)
+        for i in T.Parallel(block_m):
+            row_denom[i] = row_denom[i] * row_rescale[i] + row_sum[i]
+
+    @T.macro
+    def start_rows(acc_o, row_denom, row_max):
+        T.fill(acc_o, 0)
+        T.fill(row_denom, 0)
+        T.fill(row_max, NEG_INIT)
+
+    @T.macro
+    def finish_rows(Sinks, O, lse, acc_o, row_max, row_denom, bx, h, bz):
+        """O and lse of query head h's rows of this block."""
+        # The sink joins the denominator (and so lse) but adds nothing to the output.
+        for i in T.Parallel(block_m):
+            row_denom[i] += T.exp2(Sinks[h] * LOG2E - row_max[i] * scale)
+        for i, j in T.Parallel(block_m, dim):
+            acc_o[i, j] /= row_denom[i]
+        T.copy(acc_o, rows(O, bz, h, bx * block_m, block_m))
+        # lse stored by the loop that computes it, unguarded: TileLang guards each store past
+        # padded_rows itself. A T.copy from the fragment, or a guard written here, costs its
+        # layout inference ~2 s over the symbolic padded_rows (a cold first call waits for it).
+        for i in T.Parallel(block_m):
+            lse[bz, h, bx * block_m + i] = T.log2(row_denom[i]) + row_max[i] * scale
+
+    def key_blocks(bx):
+        """[start, end) of the key blocks some query of query block bx sees: the others are
+        skipped, not masked (past the last query when causal, before the first one's window)."""
+        n_blocks = T.ceildiv(seq_len, block_n)
+        end = T.min(T.ceildiv((bx + 1) * block_m, block_n), n_blocks) if causal else n_blocks
+        start = T.max(T.floordiv(bx * block_m - window + 1, block_n), 0) if window else 0
+        return start, end
+
+    if walks_heads(window, block_m, block_n):
+
+        @T.prim_func
+        def fwd_heads(
+            Q: _input(q_shape, dtype, "q"),
+            K: _input(kv_shape, dtype, "k"),
+            V: _input(kv_shape, dtype, "v"),
+            Sinks: T.Tensor([heads], ACCUM),
+            O: T.Tensor(q_shape, dtype),
+            lse: T.Tensor([batch, heads, padded_dim()], ACCUM),
+            heads_per_block: T.int32,
+        ):
+            with T.Kernel(
+                T.ceildiv(seq_len, block_m), heads // heads_per_block, batch, threads=threads
+            ) as (
+                bx,
+                by,
+                bz,
+            ):
+                Q_shared = T.alloc_shared([block_m, dim], dtype)
+                K_shared = T.alloc_shared([block_n, dim], dtype)
+                V_shared = T.alloc_shared([block_n, dim], dtype)
+                acc_s = T.alloc_fragment([block_m, block_n], ACCUM)
+                acc_s_cast = T.alloc_fragment([block_m, block_n], dtype)
+                acc_o = T.alloc_fragment([block_m, dim], ACCUM)
+                row_max = T.alloc_fragment([block_m], ACCUM)
+                row_max_prev = T.alloc_fragment([block_m], ACCUM)
+                row_rescale = T.alloc_fragment([block_m], ACCUM)
+                row_sum = T.alloc_fragment([block_m], ACCUM)
+                row_denom = T.alloc_fragment([block_m], ACCUM)
+                loop_start, loop_end = key_blocks(bx)
+                n = loop_end - loop_start
+                # One pipeline over every (head, key block) step: Q is loaded with each step's K
+                # so that the next head's first tiles load during this head's epilogue.
+                for step in T.Pipelined(heads_per_block * n, num_stages=num_stages):
+                    # n is 1 or 2 (walks_heads): step // n and step % n as a shift and a mask.
+                    # Written as divisions they stay in every element's address of the O and
+                    # lse stores (39 integer divisions in the PTX, against one). Clamped to
+                    # [0, heads): a bound TVM proves, so it guards no load or store with a
+                    # head check.
+                    key_step = step & (n - 1)
+                    h = T.max(T.min(by * heads_per_block + (step >> (n - 1)), heads - 1), 0)
+                    k = loop_start + key_step
+                    T.copy(rows(Q, bz, h, bx * block_m, block_m), Q_shared)
+                    T.copy(rows(K, bz, h // groups, k * block_n, block_n), K_shared)
+                    if key_step == 0:
+                        start_rows(acc_o, row_denom, row_max)
+                    attend(
+                        Q_shared,
+                        K_shared,
+                        V,
+                        V_shared,
+                        acc_s,
+                        acc_s_cast,
+                        acc_o,
+                        row_max,
+                        row_max_prev,
+                        row_rescale,
+                        row_sum,
+                        row_denom,
+                        bx,
+                        h // groups,
+                        bz,
+                        k,
+                    )
+                    if key_step == n - 1:
+                        finish_rows(Sinks, O, lse, acc_o, row_max, row_denom, bx, h, bz)
+
+        return fwd_heads
+
     @T.prim_func
     def fwd(
         Q: _input(q_shape, dtype, "q"),
@@ -260,16 +427,8 @@ def attention_sink_fwd(
             row_denom = T.alloc_fragment([block_m], ACCUM)
 
             T.copy(rows(Q, bz, by, bx * block_m, block_m), Q_shared)
-            T.fill(acc_o, 0)
-            T.fill(row_denom, 0)
-            T.fill(row_max, NEG_INIT)
-            n_blocks = T.ceildiv(seq_len, block_n)
-            # Key blocks no query of this block sees are skipped, not masked: past the last
-            # query (causal) and before the first query's window.
-            loop_end = (
-                T.min(T.ceildiv((bx + 1) * block_m, block_n), n_blocks) if causal else n_blocks
-            )
-            loop_start = T.max(T.floordiv(bx * block_m - window + 1, block_n), 0) if window else 0
+            start_rows(acc_o, row_denom, row_max)
+            loop_start, loop_end = key_blocks(bx)
             if overlap:
                 n = loop_end - loop_start
                 # First read at step 1, after step 0 wrote it: cleared for the read-before-write check.
@@ -319,29 +478,25 @@ def attention_sink_fwd(
                 for step in T.Pipelined(loop_end - loop_start, num_stages=num_stages):
                     k = loop_start + step
                     T.copy(rows(K, bz, by // groups, k * block_n, block_n), K_shared)
-                    init_scores(acc_s, bx, k)
-                    T.gemm(
-                        Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow
+                    attend(
+                        Q_shared,
+                        K_shared,
+                        V,
+                        V_shared,
+                        acc_s,
+                        acc_s_cast,
+                        acc_o,
+                        row_max,
+                        row_max_prev,
+                        row_rescale,
+                        row_sum,
+                        row_denom,
+                        bx,
+                        by // groups,
+                        bz,
+                        k,
                     )
-                    T.copy(rows(V, bz, by // groups, k * block_n, block_n), V_shared)
-                    new_row_max(acc_s, row_max, row_max_prev, row_rescale)
-                    for i, j in T.Parallel(block_m, dim):
-                        acc_o[i, j] *= row_rescale[i]
-                    probabilities(acc_s, row_max)
-                    T.copy(acc_s, acc_s_cast)
-                    T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
-                    T.reduce_sum(acc_s, row_sum, dim=1)
-                    for i in T.Parallel(block_m):
-                        row_denom[i] = row_denom[i] * row_rescale[i] + row_sum[i]
-            # The sink joins the denominator (and so lse) but adds nothing to the output.
-            for i in T.Parallel(block_m):
-                row_denom[i] += T.exp2(Sinks[by] * LOG2E - row_max[i] * scale)
-            for i, j in T.Parallel(block_m, dim):
-                acc_o[i, j] /= row_denom[i]
-            T.copy(acc_o, rows(O, bz, by, bx * block_m, block_m))
-            for i in T.Parallel(block_m):
-                row_denom[i] = T.log2(row_denom[i]) + row_max[i] * scale
-            T.copy(row_denom, lse[bz, by, bx * block_m : (bx + 1) * block_m])
+            finish_rows(Sinks, O, lse, acc_o, row_max, row_denom, bx, by, bz)
 
     return fwd
 
@@ -396,7 +551,9 @@ def attention_sink_bwd_preprocess(
             for i, j in T.Parallel(block_m, dim):
                 acc[i, j] = T.cast(o[i, j], ACCUM) * T.cast(do[i, j], ACCUM)
             T.reduce_sum(acc, delta, dim=1)
-            T.copy(delta, Delta[bz, by, bx * block_m : (bx + 1) * block_m])
+            # Element by element, unguarded, as the forward stores lse (TileLang guards the tail).
+            for i in T.Parallel(block_m):
+                Delta[bz, by, bx * block_m + i] = delta[i]
             T.clear(zeros)
             T.copy(zeros, rows(dQ, bz, by, bx * block_m, block_m))
             if by < kv_heads:

@@ -15,6 +15,7 @@ import torch
 from . import autograd
 from . import hf
 from .autograd import (
+    DTYPE_NAMES,
     DK_REDUCTION,
     DV_REDUCTION,
     backward_op,
@@ -23,12 +24,14 @@ from .autograd import (
     dims,
     forward_op,
     read_in_place,
+    reductions,
     run_backward,
     run_forward,
     shape_of,
+    variant_calls,
     attention_sink,
 )
-from .kernels import default_softmax_scale
+from .kernels import MAX_HEADS_PER_BLOCK, default_softmax_scale, walks_heads
 from .reference import attention_sink_reference
 
 requires_cuda = pytest.mark.skipif(
@@ -165,6 +168,58 @@ def test_matches_reference(
     # Forward first: a wrong output makes every gradient wrong.
     assert_close("O", o, o_ref, dtype)
     # Then each gradient on its own: one passing while another fails names the GEMM at fault.
+    assert_close("dV", got["v"], ref["v"], dtype)
+    assert_close("dK", got["k"], ref["k"], dtype)
+    assert_close("dQ", got["q"], ref["q"], dtype)
+    assert_close("dsinks", got["sinks"], ref["sinks"], dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("batch, heads, kv_heads, seq_len, head_dim", SHAPES)
+def test_forward_walking_several_heads(
+    batch, heads, kv_heads, seq_len, head_dim, dtype, monkeypatch
+):
+    """At a window this short the forward walks several query heads per block, as many as the
+    grid leaves blocks for this GPU's SMs: one at the test shapes on a large GPU. With the GPU
+    taken to have a single SM, it walks the most it may: the output and every gradient against
+    the reference then."""
+    causal, window, layout = True, 16, LAYOUTS[0]
+    monkeypatch.setattr(autograd, "sm_count", lambda device: 1)
+    # Plans made with the real SM count stay out (and this test's out of the others').
+    monkeypatch.setattr(autograd, "PLANS", {})
+    inputs, do = make_inputs(batch, heads, kv_heads, seq_len, head_dim, dtype, layout)
+    scale = default_softmax_scale(head_dim)
+    tiling = variant_calls(
+        heads,
+        kv_heads,
+        head_dim,
+        causal,
+        window,
+        layout,
+        DTYPE_NAMES[dtype],
+        scale,
+        *reductions(heads, kv_heads),
+    )["fwd"][2]
+    plan = call_plan(inputs["q"], inputs["k"], causal, window, layout, scale)
+    if walks_heads(window, tiling["block_m"], tiling["block_n"]):
+        # The most it may: the largest power of two dividing heads, up to MAX_HEADS_PER_BLOCK.
+        most = max(
+            p for p in range(1, MAX_HEADS_PER_BLOCK + 1) if heads % p == 0 and p & (p - 1) == 0
+        )
+        assert plan.fwd_scalars == (most,)
+    else:  # this variant's tiling sees more than two key blocks at this window
+        assert plan.fwd_scalars == ()
+
+    o = attention_sink(*inputs.values(), causal=causal, window=window, layout=layout)
+    o.backward(do, retain_graph=True)
+    got = grads_of(inputs)
+
+    o_ref = attention_sink_reference(*inputs.values(), causal=causal, window=window, layout=layout)
+    o_ref.backward(do, retain_graph=True)
+    ref = grads_of(inputs)
+
+    assert_close("O", o, o_ref, dtype)
     assert_close("dV", got["v"], ref["v"], dtype)
     assert_close("dK", got["k"], ref["k"], dtype)
     assert_close("dQ", got["q"], ref["q"], dtype)

@@ -502,6 +502,9 @@ class Plan(PlanBase):
     recompute_forward: bool  # backward reruns the forward kernel for O and/or lse
     recompute_targets: tuple[str, ...]  # how backward unpacks the rerun forward's (O, lse)
     mask_cases: tuple[MaskCase, ...]
+    # The smallest test window (sliding-window specs): where the forward may walk several query
+    # heads per block, which its own test forces.
+    short_window: int | None
     gqa_case: TestCase | None  # a grouped shape for the atomic-vs-deterministic checks
     # The deterministic grouped dK/dV reductions the package builds, each tested against atomic.
     deterministic_reductions: tuple[str, ...]
@@ -674,6 +677,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         recompute_targets=tuple(n if n in recomputed else "_" for n in ("o", "lse")),
         test_cases=test_cases,
         mask_cases=tuple(mask_cases),
+        short_window=min(spec.test.windows) if section.sliding_window else None,
         gqa_case=gqa_case,
         deterministic_reductions=tuple(m for m in grouped_modes(chosen) if m != "atomic"),
         atomic_case=gqa_case or test_cases[0],
