@@ -52,7 +52,7 @@ def _gemm(
 
     X is [rows, depth], or [depth, rows] read transposed (trans_a); Y is [depth, cols], or
     [cols, depth] read transposed (trans_b). Tiles stream through a num_stages-deep pipeline of
-    shared buffers into T.gemm (WGMMA on Hopper); the fp32 accumulator gets the bias, is cast to
+    shared buffers into T.gemm (WGMMA on Hopper); the fp32 accumulator starts at the bias, is cast to
     dtype once and leaves through a shared staging tile (coalesced, guarded stores).
     """
     x_shape = [depth, rows] if trans_a else [rows, depth]
@@ -87,7 +87,16 @@ def _gemm(
             acc = T.alloc_fragment([block_m, block_n], ACCUM)
             out_shared = T.alloc_shared([block_m, block_n], dtype)
             T.use_swizzle(panel_size=SWIZZLE_PANEL)
-            T.clear(acc)
+            if bias:
+                # The accumulator starts at the bias (fp32) instead of zero: its loads overlap the
+                # pipeline's first tile loads, where an epilogue add would wait for them after
+                # the last GEMM. Columns past cols start at 0 (never stored).
+                for i, j in T.Parallel(block_m, block_n):
+                    acc[i, j] = T.if_then_else(
+                        bx * block_n + j < cols, T.cast(Bias[bx * block_n + j], ACCUM), 0
+                    )
+            else:
+                T.clear(acc)
             for step in T.Pipelined(
                 T.ceildiv(depth, block_k), num_stages=num_stages, annotations=pipeline_annotations
             ):
@@ -107,12 +116,6 @@ def _gemm(
                     transpose_B=trans_b,
                     policy=T.GemmWarpPolicy.FullRow,
                 )
-            if bias:
-                # Added in fp32 before the one cast; columns past cols add nothing (never stored).
-                for i, j in T.Parallel(block_m, block_n):
-                    acc[i, j] += T.if_then_else(
-                        bx * block_n + j < cols, T.cast(Bias[bx * block_n + j], ACCUM), 0
-                    )
             T.copy(acc, out_shared)
             T.copy(out_shared, Out[by * block_m, bx * block_n])
 
