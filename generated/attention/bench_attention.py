@@ -78,22 +78,10 @@ def candidates(seq_len, causal, window, grouped):
 
     block_mask = create_block_mask(mask_mod, None, None, seq_len, seq_len) if causal else None
 
-    def flex(q, k, v, *sinks):
-        if not sinks:
-            return to_bhsd(
-                _flex(to_bhsd(q), to_bhsd(k), to_bhsd(v), block_mask=block_mask, enable_gqa=grouped)
-            )
-        out, lse = _flex(
-            to_bhsd(q),
-            to_bhsd(k),
-            to_bhsd(v),
-            block_mask=block_mask,
-            enable_gqa=grouped,
-            return_lse=True,
+    def flex(q, k, v):
+        return to_bhsd(
+            _flex(to_bhsd(q), to_bhsd(k), to_bhsd(v), block_mask=block_mask, enable_gqa=grouped)
         )
-        # A sink adds exp(sink) to every row's denominator: rescale by sigmoid(lse - sink).
-        scale = torch.sigmoid(lse - sinks[0].float().view(1, -1, 1)).unsqueeze(-1)
-        return to_bhsd((out * scale).to(q.dtype))
 
     layout = LAYOUT
     no_sdpa = "sinks" if HAS_SINKS else ("sliding window" if window else None)

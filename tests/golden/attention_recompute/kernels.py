@@ -164,7 +164,7 @@ def attention_recompute_fwd(
     num_stages,
     overlap=False,
 ):
-    """O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain). Grid (ceildiv(seq_len, block_m), heads, batch).
+    """O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain). Grid (ceildiv(seq_len, block_m), heads, batch); causal: the longest query blocks first.
 
     softmax_scale multiplies the scores Q K^T (not the sinks); the kernel works in the log2
     domain (exp2 of scores * softmax_scale * LOG2E).
@@ -274,6 +274,12 @@ def attention_recompute_fwd(
         start = T.max(T.floordiv(bx * block_m - window + 1, block_n), 0) if window else 0
         return start, end
 
+    def query_block(launch_x):
+        """The query block of grid index launch_x. Causal: the last first. Query block bx sees
+        bx + 1 key blocks, so in launch order the grid's last wave would hold its longest blocks,
+        on a few SMs while the others idle; longest first, the tail is the shortest blocks."""
+        return T.ceildiv(seq_len, block_m) - 1 - launch_x if causal else launch_x
+
     @T.prim_func
     def fwd(
         Q: _input(q_shape, dtype, "q"),
@@ -282,7 +288,12 @@ def attention_recompute_fwd(
         O: T.Tensor(q_shape, dtype),
         lse: T.Tensor([batch, heads, padded_dim()], ACCUM),
     ):
-        with T.Kernel(T.ceildiv(seq_len, block_m), heads, batch, threads=threads) as (bx, by, bz):
+        with T.Kernel(T.ceildiv(seq_len, block_m), heads, batch, threads=threads) as (
+            launch_x,
+            by,
+            bz,
+        ):
+            bx = query_block(launch_x)
             Q_shared = T.alloc_shared([block_m, dim], dtype)
             K_shared = T.alloc_shared([block_n, dim], dtype)
             V_shared = T.alloc_shared([block_n, dim], dtype)
