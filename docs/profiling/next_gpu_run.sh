@@ -1,25 +1,18 @@
 #!/bin/bash
-# The GPU work session 16 left, one call each (the device allows 600 s per call; a machine's
+# The GPU work session 17 left, one call each (the device allows 600 s per call; a machine's
 # start takes 1-3 of the session's 30 minutes and refused starts count too; carry .gpu, built with
 # `../shared/tools/gpu-bundle flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof).
-# Two branches wait for the GPU (each compile-checked on the CPU): walk-heads (the forward walking
-# several query heads per block at short windows, index math without divisions; lse and Delta
-# stored element by element, ~2-3 s less lowering per forward kernel) and matmul-bias (the
-# forward's accumulator starts at the bias). Test them together on branch `trial` (main with
-# both merged; its CPU tests: see the session-16 note):
-#   git checkout trial   (git merge main first if main moved)
-#   1. bash docs/profiling/next_gpu_run.sh tests attention_sink gqa attention matmul;
-#      python docs/profiling/heads_per_block_sweep.py (is the template's walking kernel at the
-#      probe's 57 TF/s now?); bash docs/profiling/next_gpu_run.sh bench attention_sink.
-#      Merge walk-heads if the tests pass and the sweep's x8 is at least the plain column; else
-#      cherry-pick its lse commit alone (a lowering-time change) and keep the walk for later.
-#   2. Cold first call with the lse change: python docs/profiling/first_call.py (three cold runs);
-#      matmul: bash docs/profiling/next_gpu_run.sh bench matmul and
-#      python docs/profiling/matmul_tiling_probe.py --quick (bias epilogue vs cuBLAS at 4096^3).
-#   3. python docs/profiling/flex_baseline_probe.py (FlexAttention's gpt-oss forward moved 14-39
-#      TF/s between runs); timeout 300 python docs/profiling/lean_eager_check.py (host times first).
-#   4. in_block vs split at small causal grids (B8 16/2 S2048 D64: 0.85x, run 57): the gqa bench
-#      with a D64 shape, and a per-call choice by grid size like heads_per_block's.
+#   1. Branch lean-postprocess (the attention postprocess by element loops instead of tile copies
+#      between global buffers: the same CUDA but for index forms, each kernel's build ~half as long
+#      on the CPU): git checkout lean-postprocess (git merge main first if main moved);
+#      bash docs/profiling/next_gpu_run.sh tests gqa attention attention_sink attention_recompute
+#      (gqa's test_gqa_atomic_and_deterministic_agree covers the split and atomic dK/dV paths);
+#      merge to main if they pass.
+#   2. The short causal forward: GQA B2 32/8 S1000 D128 runs at 0.56x cuDNN (run 72, kernel alone):
+#      ncu of it (docs/profiling/ncu_attention.py; add the shape) to see where a block's time goes.
+#   3. timeout 300 python docs/profiling/lean_eager_check.py (host times first): matmul, swiglu,
+#      linear attention host rows against issue 10's 1.5x.
+#   4. in_block vs split at small causal grids (B8 16/2 S2048 D64: 0.85x, run 57).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
