@@ -30,6 +30,11 @@ CONFIGS = {
     "loop 128x128 s2": (K.attention_fwd, (128, 128, 256, 2, False)),
     "loop 128x128 s1": (K.attention_fwd, (128, 128, 256, 1, False)),
 }
+# CASES="2,32,8,1000,128,1,bfloat16;..." (batch, heads, kv_heads, seq_len, head_dim, causal, dtype)
+# replaces the bench shapes, e.g. with the short causal GQA forward (0.56x cuDNN at S1000, run 72).
+if os.environ.get("CASES"):
+    CASES = [(int(b), int(h), int(kv), int(s), int(d), c == "1", dt) for b, h, kv, s, d, c, dt in
+             (case.split(",") for case in os.environ["CASES"].split(";"))]
 if os.environ.get("CONFIGS"):
     CONFIGS = {k: v for k, v in CONFIGS.items() if k in os.environ["CONFIGS"].split(",")}
 variants = sorted({(h, kv, d, c, dt) for _, h, kv, _, d, c, dt in CASES + ODD})

@@ -9,7 +9,8 @@
 #      (gqa's test_gqa_atomic_and_deterministic_agree covers the split and atomic dK/dV paths);
 #      merge to main if they pass.
 #   2. The short causal forward: GQA B2 32/8 S1000 D128 runs at 0.56x cuDNN (run 72, kernel alone):
-#      ncu of it (docs/profiling/ncu_attention.py; add the shape) to see where a block's time goes.
+#      CASES="2,32,8,1000,128,1,bfloat16;2,32,8,2048,128,1,bfloat16" python docs/profiling/fwd_schedule_probe.py
+#      (other forward tilings at short lengths), then ncu of it (docs/profiling/ncu_attention.py).
 #   3. timeout 300 python docs/profiling/lean_eager_check.py (host times first): matmul, swiglu,
 #      linear attention host rows against issue 10's 1.5x.
 #   4. in_block vs split at small causal grids (B8 16/2 S2048 D64: 0.85x, run 57).
