@@ -1,15 +1,15 @@
-"""The causal forward with its query blocks launched longest first, against the committed order,
-from the repository root: `python docs/profiling/causal_order_probe.py` (`--cpu`: only build the
-patched kernels, for sm_90a, to check they lower).
+"""The causal forward with its query blocks in launch order against the committed one, which runs
+them longest first, from the repository root: `python docs/profiling/causal_order_probe.py`
+(`--cpu`: only build the patched kernels, for sm_90a, to check they lower).
 
-In a causal forward, query block bx sees bx + 1 key blocks: the grid's first blocks are its
-shortest and its last its longest, so the last wave runs long blocks on a few SMs while the rest
-idle. The patched kernel maps launch index i to query block n_blocks - 1 - i (nothing else
-changes). Checked against the committed kernel at odd lengths, then both timed back-to-back next
-to SDPA (cuDNN) in one process."""
+In a causal forward, query block bx sees bx + 1 key blocks: in launch order the grid's first
+blocks are its shortest and its last its longest, so the last wave runs long blocks on a few SMs
+while the rest idle. The committed forward maps launch index i to query block n_blocks - 1 - i
+(`query_block`); the patched copy maps it to i (nothing else changes). Checked against the
+committed kernel at odd lengths, then both timed back-to-back next to SDPA (cuDNN) in one
+process. Run 72 ran it the other way round, before the template took the reversed order."""
 import importlib.util
 import os
-import re
 import sys
 import tempfile
 import time
@@ -31,30 +31,27 @@ CASES = [("attention", 4, 16, 16, 4096, 128, "float16"), ("attention", 8, 16, 16
 ODD = [("attention", 2, 16, 16, 333, 128, "float16"), ("attention", 1, 16, 16, 1000, 64, "float16"),
        ("attention", 1, 16, 16, 4097, 128, "float16"), ("gqa", 3, 16, 4, 77, 64, "bfloat16"),
        ("gqa", 1, 32, 8, 1000, 128, "bfloat16")]
-LAUNCH = "with T.Kernel(T.ceildiv(seq_len, block_m), heads, batch, threads=threads) as (bx, by, bz):"
+ORDER = "bx = query_block(launch_x)"
 
 
-def reversed_factory(package):
-    """The package's forward factory from a copy of its kernels.py whose forward (the first kernel
-    of the file) takes its query block from the end of the grid."""
+def launch_order_factory(package):
+    """The package's forward factory from a copy of its kernels.py whose forward takes query
+    block i at grid index i."""
     path = f"generated/{package}/kernels.py"
     text = open(path).read()
-    at = text.index(LAUNCH)
-    indent = re.search(r"\n( *)$", text[:at]).group(1)
-    patched = (text[:at] + LAUNCH.replace("(bx, by, bz)", "(bx_launch, by, bz)")
-               + f"\n{indent}    bx = T.ceildiv(seq_len, block_m) - 1 - bx_launch" + text[at + len(LAUNCH):])
+    assert text.count(ORDER) == 1, path
     folder = tempfile.mkdtemp()
-    target = os.path.join(folder, f"{package}_reversed_kernels.py")
+    target = os.path.join(folder, f"{package}_launch_order_kernels.py")
     with open(target, "w") as f:
-        f.write(patched)
-    spec = importlib.util.spec_from_file_location(f"{package}_reversed_kernels", target)
+        f.write(text.replace(ORDER, "bx = launch_x"))
+    spec = importlib.util.spec_from_file_location(f"{package}_launch_order_kernels", target)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return getattr(module, f"{package}_fwd")
 
 
 autograds = {p: importlib.import_module(f"generated.{p}.autograd") for p in PACKAGES}
-patched = {p: reversed_factory(p) for p in PACKAGES}
+patched = {p: launch_order_factory(p) for p in PACKAGES}
 
 
 def calls(package, h, kv, d, dt):
@@ -118,7 +115,7 @@ for p, b, h, kv, s, d, dt in ODD:
     print(f"{'ok ' if ok else 'BAD'} {p} B{b} H{h}/{kv} S{s} D{d}: O {do:.2e} lse {dl:.2e}", flush=True)
 print("identical to the committed kernel" if not bad else f"{bad} DIFFER")
 
-print("| case | committed TF/s | longest first TF/s | gain | SDPA cuDNN TF/s |")
+print("| case | longest first (committed) TF/s | launch order TF/s | gain of longest first | SDPA cuDNN TF/s |")
 print("|---|---|---|---|---|")
 for p, b, h, kv, s, d, dt in CASES:
     q, k, v = inputs(b, h, kv, s, d, dt)
@@ -135,5 +132,5 @@ for p, b, h, kv, s, d, dt in CASES:
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         ms = B.stream_ms(lambda: Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=h != kv))
     print(f"| {p} B{b} H{h}/{kv} S{s} D{d} {dt} | {best[0]:.1f} | {best[1]:.1f} | "
-          f"{best[1] / best[0]:.3f}x | {flops / ms / 1e9:.1f} |", flush=True)
+          f"{best[0] / best[1]:.3f}x | {flops / ms / 1e9:.1f} |", flush=True)
 print(f"done in {time.perf_counter() - T0:.0f} s")

@@ -4,9 +4,10 @@ timed several times in one process, taken apart.
 
 1. flex_attention alone (torch.compile'd, dynamic=False, as the bench compiles it), no lse;
 2. with return_lse=True;
-3. the bench's sinks call: return_lse, then the sigmoid rescale and the cast, in eager;
-4. the same with the rescale inside one torch.compile'd function;
-and each of them three times, with a fresh block mask and the bench's own `candidates()` entry.
+3. the sinks rescale (sigmoid and cast) in eager after it, what the bench did up to run 72;
+4. the same with the rescale inside one torch.compile'd function, what the bench does since;
+and each of them three times, with a fresh block mask, next to the bench's own `candidates()`
+entry (on the package's bshd tensors, as transposed views).
 
 `python docs/profiling/flex_baseline_probe.py` on the GPU, from the repository root."""
 import os
