@@ -150,7 +150,11 @@ def test_matches_reference(
     batch, heads, kv_heads, seq_len, head_dim, dtype, causal, window, layout
 ):
     inputs, do = make_inputs(batch, heads, kv_heads, seq_len, head_dim, dtype, layout)
+    check_against_reference(inputs, do, dtype, causal, window, layout)
 
+
+def check_against_reference(inputs, do, dtype, causal, window, layout):
+    """The output and every gradient of one call against the reference's."""
     o = gqa(*inputs.values(), causal=causal, layout=layout)
     o.backward(do, retain_graph=True)
     got = grads_of(inputs)
