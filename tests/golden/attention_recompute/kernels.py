@@ -65,15 +65,28 @@ def _input(shape, dtype, name):
 
 
 def _indexers(layout):
-    """Layout-aware tile and element access, so each kernel body is written once."""
+    """Layout-aware tile and element access, so each kernel body is written once: a tile of rows,
+    one element, and one element's index (for `T.buffer_store`)."""
+
+    def index(b, h, s, d):
+        return (b, s, h, d) if layout == "bshd" else (b, h, s, d)
 
     def rows(t, b, h, lo, n):
         return t[b, lo : lo + n, h, :] if layout == "bshd" else t[b, h, lo : lo + n, :]
 
     def elem(t, b, h, s, d):
-        return t[b, s, h, d] if layout == "bshd" else t[b, h, s, d]
+        return t[index(b, h, s, d)]
 
-    return rows, elem
+    return rows, elem, index
+
+
+def group_sum(term, groups):
+    """term(0) + term(1) + ... + term(groups - 1), added in that order (unrolled: groups is a
+    Python int), so a sum of per-head partials is the same bits on every run."""
+    total = term(0)
+    for g in range(1, groups):
+        total = total + term(g)
+    return total
 
 
 def _visibility(seq_len, causal, window):
@@ -179,7 +192,7 @@ def attention_recompute_fwd(
     groups = heads // kv_heads
     q_shape = _shape(layout, batch, heads, seq_len, dim)
     kv_shape = _shape(layout, batch, kv_heads, seq_len, dim)
-    rows, _ = _indexers(layout)
+    rows, _, _ = _indexers(layout)
     visible = _visibility(seq_len, causal, window)
     needs_mask = _needs_mask(seq_len, causal, window)
     # Registers of one thread's share of the score and output tiles (the fences of async WGMMA).
@@ -404,7 +417,7 @@ def attention_recompute_bwd_preprocess(
     dv_shape, dv_dtype = dkv_buffer(
         layout, dv_reduction, batch, heads, kv_heads, seq_len, dim, dtype
     )
-    rows, _ = _indexers(layout)
+    rows, _, _ = _indexers(layout)
 
     @T.macro
     def zero_if_atomic(buffer, reduction, zeros, bx, h, bz):
@@ -486,7 +499,7 @@ def attention_recompute_bwd(
     dv_shape, dv_dtype = dkv_buffer(
         layout, dv_reduction, batch, heads, kv_heads, seq_len, dim, dtype
     )
-    rows, elem = _indexers(layout)
+    rows, elem, _ = _indexers(layout)
     visible = _visibility(seq_len, causal, window)
     needs_mask = _needs_mask(seq_len, causal, window)
 
@@ -619,11 +632,19 @@ def attention_recompute_bwd_postprocess(
     dv_shape, dv_dtype = dkv_buffer(
         layout, dv_reduction, batch, heads, kv_heads, seq_len, dim, dtype
     )
-    rows, _ = _indexers(layout)
+    _, elem, index = _indexers(layout)
 
+    # Element loops, not tile copies: a copy between two global buffers over the symbolic
+    # padded rows costs TileLang's layout inference several seconds of build per kernel, and
+    # these loops lower to the same vector loads and stores.
     @T.macro
     def cast_dq(dQ, dQ_out, bx, by, bz):
-        T.copy(rows(dQ, bz, by, bx * block_m, block_m), rows(dQ_out, bz, by, bx * block_m, block_m))
+        for i, j in T.Parallel(block_m, dim):
+            row = bx * block_m + i
+            if row < seq_len:
+                T.buffer_store(
+                    dQ_out, T.cast(elem(dQ, bz, by, row, j), dtype), index(bz, by, row, j)
+                )
 
     if dk_reduction in WRITTEN_BY_BWD and dv_reduction in WRITTEN_BY_BWD:
 
@@ -643,19 +664,16 @@ def attention_recompute_bwd_postprocess(
         return bwd_postprocess
 
     @T.macro
-    def finish_dkv(buffer, out, reduction, acc, part, bx, h, bz):
-        if reduction == "split":
-            # Partial g of batch row bz sits at g * batch + bz: summed g = 0, 1, ... in order.
-            T.copy(rows(buffer, bz, h, bx * block_m, block_m), acc)
-            for g in range(1, groups):
-                T.copy(rows(buffer, g * batch + bz, h, bx * block_m, block_m), part)
-                for i, j in T.Parallel(block_m, dim):
-                    acc[i, j] += part[i, j]
-            T.copy(acc, rows(out, bz, h, bx * block_m, block_m))
-        else:
-            T.copy(
-                rows(buffer, bz, h, bx * block_m, block_m), rows(out, bz, h, bx * block_m, block_m)
-            )
+    def finish_dkv(buffer, out, reduction, bx, h, bz):
+        for i, j in T.Parallel(block_m, dim):
+            row = bx * block_m + i
+            if row < seq_len:
+                if reduction == "split":
+                    # Partial g of batch row bz sits at g * batch + bz: summed g = 0, 1, ... in order.
+                    total = group_sum(lambda g: elem(buffer, g * batch + bz, h, row, j), groups)
+                else:
+                    total = elem(buffer, bz, h, row, j)
+                T.buffer_store(out, T.cast(total, dtype), index(bz, h, row, j))
 
     @T.prim_func
     def bwd_postprocess(
@@ -671,13 +689,11 @@ def attention_recompute_bwd_postprocess(
             by,
             bz,
         ):
-            acc = T.alloc_fragment([block_m, dim], ACCUM)
-            part = T.alloc_fragment([block_m, dim], ACCUM)
             T.annotate_layout({dQ: _dq_layout(layout, dQ)})
             if by < heads:
                 cast_dq(dQ, dQ_out, bx, by, bz)
             else:
-                finish_dkv(dK, dK_out, dk_reduction, acc, part, bx, by - heads, bz)
-                finish_dkv(dV, dV_out, dv_reduction, acc, part, bx, by - heads, bz)
+                finish_dkv(dK, dK_out, dk_reduction, bx, by - heads, bz)
+                finish_dkv(dV, dV_out, dv_reduction, bx, by - heads, bz)
 
     return bwd_postprocess
