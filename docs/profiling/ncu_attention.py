@@ -7,7 +7,9 @@ warm-up rounds, then one forward and one backward launch inside NVTX ranges. On 
         python docs/profiling/ncu_attention.py [attention|gqa] [causal]
 
 Shape: MHA fp16 B4 H16 S4096 D128 (attention), GQA bf16 B2 32/8 S4096 D128 (gqa), or the gpt-oss
-shape of attention_sink (`attention_sink window128`: bf16 B1 64/8 S4096 D64, sinks, window 128)."""
+shape of attention_sink (`attention_sink window128`: bf16 B1 64/8 S4096 D64, sinks, window 128).
+SEQ=1000 sets the length; SDPA=cudnn runs SDPA's cuDNN forward and backward on the same inputs
+instead (profile it with -k regex:"cudnn|sm90")."""
 import importlib
 import os
 import sys
@@ -19,7 +21,7 @@ name = sys.argv[1] if len(sys.argv) > 1 else "attention"
 causal = len(sys.argv) > 2 and sys.argv[2] == "causal"
 A = importlib.import_module(f"generated.{name}.autograd")
 b, h, kv, dtype = (4, 16, 16, torch.float16) if name == "attention" else (2, 32, 8, torch.bfloat16)
-s, d = 4096, 128
+s, d = int(os.environ.get("SEQ", 4096)), 128
 window = None
 extra = ()
 if name == "attention_sink":
@@ -33,6 +35,17 @@ for _ in range(3):
     o, lse = A.run_forward(q, k, v, *extra, causal, window, "bshd", scale)
     A.run_backward(q, k, v, *extra, o, lse, do, causal, window, "bshd", scale)
 torch.cuda.synchronize()
+if os.environ.get("SDPA") == "cudnn":
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        for _ in range(4):
+            F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=h != kv).backward(do.transpose(1, 2))
+    torch.cuda.synchronize()
+    print("done cudnn", "causal" if causal else "full")
+    sys.exit(0)
 torch.cuda.nvtx.range_push("fwd")
 o, lse = A.run_forward(q, k, v, *extra, causal, window, "bshd", scale)
 torch.cuda.synchronize()
