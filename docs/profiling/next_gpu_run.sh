@@ -1,18 +1,17 @@
 #!/bin/bash
-# The GPU work session 17 left, one call each (the device allows 600 s per call; a machine's
+# The GPU work session 18 left, one call each (the device allows 600 s per call; a machine's
 # start takes 1-3 of the session's 30 minutes and refused starts count too; carry .gpu, built with
 # `../shared/tools/gpu-bundle flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof).
-#   1. Branch lean-postprocess (the attention postprocess by element loops instead of tile copies
-#      between global buffers: the same CUDA but for index forms, each kernel's build ~half as long
-#      on the CPU): git checkout lean-postprocess (git merge main first if main moved);
-#      bash docs/profiling/next_gpu_run.sh tests gqa attention attention_sink attention_recompute
-#      (gqa's test_gqa_atomic_and_deterministic_agree covers the split and atomic dK/dV paths);
-#      merge to main if they pass.
-#   2. The short causal forward: GQA B2 32/8 S1000 D128 runs at 0.56x cuDNN (run 72, kernel alone):
-#      CASES="2,32,8,1000,128,1,bfloat16;2,32,8,2048,128,1,bfloat16" python docs/profiling/fwd_schedule_probe.py
-#      (other forward tilings at short lengths), then ncu of it (docs/profiling/ncu_attention.py).
-#   3. timeout 300 python docs/profiling/lean_eager_check.py (host times first): matmul, swiglu,
-#      linear attention host rows against issue 10's 1.5x.
+#   1. Branch causal-pairs (the causal forward pairs query blocks i and n - 1 - i at <= 16 query
+#      blocks; +37% at S1000 kernel alone, run 76): git checkout causal-pairs (git merge main
+#      first if main moved); python docs/profiling/short_causal_probe.py twice, and
+#      CASES="2,16,4,1024,128,1,bfloat16;2,32,8,1000,128,1,bfloat16" CONFIGS="overlap 128x128 s2,pairs loop 128x128 s2"
+#      python docs/profiling/fwd_schedule_probe.py: does the paired kernel lose at B2 16/4 S1024
+#      (run 79: 77 vs 144 TF/s through the public function) or was that the host?
+#   2. If it holds: bash docs/profiling/next_gpu_run.sh tests gqa attention attention_sink attention_recompute
+#      (the packages' kernel_key now tells the paired and overlapped kernels apart, so the causal
+#      tests run the paired one for real); merge to main if they pass.
+#   3. matmul's host forward is 1.76x addmm (run 75): torch.profiler of one call at 64^3.
 #   4. in_block vs split at small causal grids (B8 16/2 S2048 D64: 0.85x, run 57).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
