@@ -192,6 +192,7 @@ def test_causal_forward_unpaired(batch, heads, kv_heads, seq_len, head_dim, dtyp
         scale,
         *reductions(heads, kv_heads),
     )
+    assert launcher(calls["fwd_pairs"]) is not launcher(calls["fwd"])
     shipped = (
         "fwd_pairs" if pairs_query_blocks(causal, 0, seq_len, calls["fwd"][2]["block_m"]) else "fwd"
     )
