@@ -576,7 +576,8 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         "fwd": kernel("fwd", "fwd", "fwd",
                       "O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain)"
                       + (", sinks in every row's denominator" if section.sinks else ""),
-                      "(ceildiv(seq_len, block_m), heads, batch); causal: the longest query blocks first",
+                      "(ceildiv(seq_len, block_m), heads, batch); causal: the longest query blocks first, "
+                      "or at most PAIRED_MAX_QUERY_BLOCKS of them paired: (ceildiv(n, 2), heads, batch)",
                       t.fwd, (3 + sink_arg, 4 + sink_arg)),
         "preprocess": kernel("preprocess", "bwd_preprocess", "bwd_preprocess",
                              "Delta = rowsum(O * dO); zeroes the fp32 atomic targets of the bwd kernel",
