@@ -45,3 +45,24 @@ def test_spec_without_bench_shapes_is_refused_before_explaining(project, cli):
     result = cli("explain", "specs/x.toml")
     assert result.exit_code == 2, result.output
     assert result.stderr == "specs/x.toml: bench.shapes: must list at least one shape\n"
+
+
+
+def test_short_causal_grid_is_paired(project):
+    """Causal grids of at most PAIRED_MAX_QUERY_BLOCKS query blocks pair them, as the package's
+    CallPlan does: half the blocks (rounded up). Longer or non-causal grids do not."""
+    from pathlib import Path
+
+    from opgen.families import attention
+    from opgen.render import load_plan
+
+    write_spec(project, GQA)
+    plan, _ = load_plan(Path("specs/x.toml"))
+    block_m = plan.tiling_for("fwd", 64, True)["block_m"]
+    grids = {}
+    for seq_len, causal in ((7 * block_m + 1, True), (7 * block_m + 1, False), (33 * block_m, True)):
+        shape = dict(batch=2, heads=8, kv_heads=2, seq_len=seq_len, head_dim=64, causal=causal)
+        rows = dict(attention.explain(plan, shape))["kernels"]
+        row = next(row for row in rows if row[0] == "x_fwd")
+        grids[seq_len // block_m, causal] = row[2].rsplit(" = ", 1)[1]
+    assert grids == {(7, True): "(4, 8, 2)", (7, False): "(8, 8, 2)", (33, True): "(33, 8, 2)"}

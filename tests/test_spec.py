@@ -712,20 +712,22 @@ def test_plan_test_cases_are_shapes_times_head_dims(project):
 @pytest.mark.parametrize(
     "text, count",
     [
-        ("", 1 * 2 * 2 * 6),
-        ('dtypes = ["float16"]\n', 1 * 1 * 2 * 6),
-        ('[attention]\nlayouts = ["bshd", "bhsd"]\n', 2 * 2 * 2 * 6),
+        ("", 1 * 2 * 2 * 7),
+        ('dtypes = ["float16"]\n', 1 * 1 * 2 * 7),
+        ('[attention]\nlayouts = ["bshd", "bhsd"]\n', 2 * 2 * 2 * 7),
         (
             'dtypes = ["bfloat16"]\n[attention]\nlayouts = ["bhsd"]\nhead_dims = [64]\n'
             '[bench]\ndtype = "bfloat16"\n'
             "shapes = [{batch=1, heads=1, seq_len=64, head_dim=64, causal=true}]\n",
-            6,
+            7,
         ),
     ],
 )
 def test_plan_compile_job_count(project, text, count):
     p = plan_of(project, text)
-    assert len(p.compile_jobs) == len(p.layouts) * len(p.dtypes) * len(p.head_dims) * 6 == count
+    # Per layout, dtype and head dim: fwd full, causal and causal paired; bwd full and causal;
+    # the preprocess and the postprocess.
+    assert len(p.compile_jobs) == len(p.layouts) * len(p.dtypes) * len(p.head_dims) * 7 == count
     assert len({job.label for job in p.compile_jobs}) == count, "labels name each job uniquely"
 
 
@@ -743,21 +745,29 @@ def test_plan_compile_jobs_cover_every_phase_and_mask(project):
         "x_bwd_preprocess",
         "x_fwd",
         "x_fwd",
+        "x_fwd",
     ]
     by_factory = {k.factory: k for k in p.kernels.values()}
+    paired = [job for job in p.compile_jobs if job.tiling.get("pair_blocks")]
     for job in p.compile_jobs:
-        assert job.tiling == by_factory[job.factory].tiling
         assert {64, "bshd", "float16"} <= set(job.args), job
-    # fwd and bwd are each compiled once without and once with the causal mask.
+        if job not in paired:
+            assert job.tiling == by_factory[job.factory].tiling
+    # fwd and bwd are each compiled once without and once with the causal mask; the causal fwd
+    # once more paired (short causal calls run it), with the fwd tiling but for overlap.
     for factory in ("x_fwd", "x_bwd"):
         flags = sorted(
             a
             for job in p.compile_jobs
-            if job.factory == factory
+            if job.factory == factory and job not in paired
             for a in job.args
             if isinstance(a, bool)
         )
         assert flags == [False, True], factory
+    fwd_tiling = {k: v for k, v in by_factory["x_fwd"].tiling.items() if k != "overlap"}
+    assert [(job.factory, job.args[3], job.tiling) for job in paired] == [
+        ("x_fwd", True, {**fwd_tiling, "pair_blocks": True})
+    ]
 
 
 def test_plan_layouts(project):
@@ -872,8 +882,11 @@ def test_plan_sliding_window_mask_cases(project):
         ("causal-w16", True, 16),
         ("causal-w700", True, 700),
     ]
-    fwd = [job for job in p.compile_jobs if job.factory == "x_fwd"]
+    fwd = [job for job in p.compile_jobs if job.factory == "x_fwd" and not job.tiling.get("pair_blocks")]
     assert len(fwd) == len(p.layouts) * len(p.dtypes) * len(p.head_dims) * len(p.mask_cases)
+    # The paired fwd: causal without a window only.
+    paired = [job.args[3:5] for job in p.compile_jobs if job.tiling.get("pair_blocks")]
+    assert paired == [(True, 0)] * len(p.layouts) * len(p.dtypes) * len(p.head_dims)
 
 
 def test_visible_pairs_and_windowed_flops():

@@ -56,7 +56,7 @@ def test_tuned_table_parses_and_plans():
     assert plan.tiling_for("bwd", 64, False)["block_m"] == 64
     # The compile check builds every variant with the tiling it launches with.
     fwd_jobs = {(j.args[2], j.args[3]): j.tiling for j in plan.compile_jobs
-                if j.factory == "attention_tuned_fwd"}
+                if j.factory == "attention_tuned_fwd" and not j.tiling.get("pair_blocks")}
     assert fwd_jobs[64, False]["block_n"] == 128 and fwd_jobs[64, True] == plan.kernels["fwd"].tiling
 
 

@@ -32,6 +32,10 @@ CONFIGS = {
     # One warpgroup of 64 query rows: twice the blocks, for short causal grids (S1000).
     "loop 64x128 t128 s2": (K.attention_fwd, (64, 128, 128, 2, False)),
     "loop 64x64 t128 s2": (K.attention_fwd, (64, 64, 128, 2, False)),
+    # Causal: query blocks i and n - 1 - i in one block's pipeline (balanced, half the blocks).
+    "pairs loop 128x128 s2": (K.attention_fwd, (128, 128, 256, 2, False, True)),
+    "pairs loop 128x128 s1": (K.attention_fwd, (128, 128, 256, 1, False, True)),
+    "pairs loop 128x64 s2": (K.attention_fwd, (128, 64, 256, 2, False, True)),
 }
 # CASES="2,32,8,1000,128,1,bfloat16;..." (batch, heads, kv_heads, seq_len, head_dim, causal, dtype)
 # replaces the bench shapes, e.g. with the short causal GQA forward (0.56x cuDNN at S1000, run 72).

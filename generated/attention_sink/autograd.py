@@ -29,6 +29,7 @@ from .kernels import (
     dkv_buffer,
     heads_per_block,
     padded_rows,
+    pairs_query_blocks,
     walks_heads,
 )
 from .reference import attention_sink_reference
@@ -53,8 +54,10 @@ KERNELS = {}
 
 
 def kernel_key(factory, args, tiling):
-    """KERNELS' key of factory(*args, **tiling)."""
-    return id(factory), args, tuple(tiling.values())  # a JITImpl does not hash
+    """KERNELS' key of factory(*args, **tiling). The tiling's names count too: two tilings with
+    the same values under different names ({..., overlap=True} and {..., pair_blocks=True})
+    are different kernels."""
+    return id(factory), args, tuple(tiling.items())  # a JITImpl does not hash
 
 
 def kernel(factory, *args, **tiling):
@@ -269,8 +272,10 @@ def variant_calls(
 ):
     """(factory, args, tiling) of each phase's kernel for one variant: what the phases launch,
     and what the first forward of a new variant builds at once. The fwd/bwd tiling is the one
-    tuned for (head_dim, causal), where the spec lists one."""
-    return {
+    tuned for (head_dim, causal), where the spec lists one. A causal variant without a window
+    has a second forward, "fwd_pairs", that short calls run (pairs_query_blocks): built with the
+    rest, so that no new length compiles a kernel."""
+    calls = {
         "fwd": (
             attention_sink_fwd,
             (heads, kv_heads, head_dim, causal, window, layout, dtype, softmax_scale),
@@ -304,6 +309,12 @@ def variant_calls(
         ),
         "dsinks": (attention_sink_bwd_dsinks, (heads,), DSINKS_TILING),
     }
+    if causal and not window:
+        factory, args, tiling = calls["fwd"]
+        # The paired kernel runs the plain schedule: overlap is left out of its cache key.
+        paired = {key: value for key, value in tiling.items() if key != "overlap"}
+        calls["fwd_pairs"] = (factory, args, {**paired, "pair_blocks": True})
+    return calls
 
 
 def launcher(call):
@@ -362,6 +373,8 @@ class CallPlan:
         self.bwd = launcher(calls["bwd"])
         self.postprocess = launcher(calls["postprocess"])
         self.dsinks = launcher(calls["dsinks"])
+        if pairs_query_blocks(causal, window, seq_len, calls["fwd"][2]["block_m"]):
+            self.fwd = launcher(calls["fwd_pairs"])
         self.seq_len = seq_len
         # The runtime arguments of the fwd kernel after its tensors: the query heads a block
         # walks, where the window is short enough for the kernel to walk several.

@@ -23,6 +23,7 @@ from .autograd import (
     check_inputs,
     dims,
     forward_op,
+    launcher,
     read_in_place,
     reductions,
     run_backward,
@@ -31,7 +32,7 @@ from .autograd import (
     variant_calls,
     attention_sink,
 )
-from .kernels import MAX_HEADS_PER_BLOCK, default_softmax_scale, walks_heads
+from .kernels import MAX_HEADS_PER_BLOCK, default_softmax_scale, pairs_query_blocks, walks_heads
 from .reference import attention_sink_reference
 
 requires_cuda = pytest.mark.skipif(
@@ -215,6 +216,44 @@ def test_forward_walking_several_heads(
     else:  # this variant's tiling sees more than two key blocks at this window
         assert plan.fwd_scalars == ()
     check_against_reference(inputs, do, dtype, causal, window, layout)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("batch, heads, kv_heads, seq_len, head_dim", SHAPES)
+def test_causal_forward_unpaired(batch, heads, kv_heads, seq_len, head_dim, dtype, monkeypatch):
+    """Causal calls this short run the paired forward (query blocks i and n - 1 - i in one block),
+    which the other tests check; longer ones run one query block per block. Here the longer
+    calls' forward runs at the test shapes: the output and every gradient against the reference."""
+    causal, layout = True, LAYOUTS[0]
+    inputs, do = make_inputs(batch, heads, kv_heads, seq_len, head_dim, dtype, layout)
+    scale = default_softmax_scale(head_dim)
+    calls = variant_calls(
+        heads,
+        kv_heads,
+        head_dim,
+        causal,
+        0,
+        layout,
+        DTYPE_NAMES[dtype],
+        scale,
+        *reductions(heads, kv_heads),
+    )
+    assert launcher(calls["fwd_pairs"]) is not launcher(calls["fwd"])
+    shipped = (
+        "fwd_pairs" if pairs_query_blocks(causal, 0, seq_len, calls["fwd"][2]["block_m"]) else "fwd"
+    )
+    # Plans made with the rule as shipped stay out (and this test's out of the others').
+    monkeypatch.setattr(autograd, "PLANS", {})
+    assert call_plan(inputs["q"], inputs["k"], causal, 0, layout, scale).fwd is launcher(
+        calls[shipped]
+    )
+    monkeypatch.setattr(autograd, "pairs_query_blocks", lambda *args: False)
+    monkeypatch.setattr(autograd, "PLANS", {})
+    assert call_plan(inputs["q"], inputs["k"], causal, 0, layout, scale).fwd is launcher(
+        calls["fwd"]
+    )
+    check_against_reference(inputs, do, dtype, causal, None, layout)
 
 
 @requires_cuda

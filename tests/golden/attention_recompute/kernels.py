@@ -120,6 +120,25 @@ def _needs_mask(seq_len, causal, window):
     return needs
 
 
+# Causal forward grids of at most this many query blocks pair them (pairs_query_blocks).
+PAIRED_MAX_QUERY_BLOCKS = 16
+
+
+def pairs_query_blocks(causal, window, seq_len, block_m):
+    """Whether a forward call runs the paired kernel (pair_blocks=True): causal without a window,
+    at most PAIRED_MAX_QUERY_BLOCKS query blocks. Query block i sees i + 1 key blocks; in a short
+    grid each block is mostly prologue and epilogue, and blocks of one or two steps leave the
+    pipeline empty. Paired, query blocks i and n - 1 - i share one block's pipeline of n + 1 key
+    steps: half the blocks, all of one length, the second query block's first tiles loading
+    during the first one's epilogue. In longer grids the key loop hides those already, and the
+    paired pipeline's Q reload with every key block costs more than it saves."""
+    return (
+        bool(causal)
+        and not window
+        and (seq_len + block_m - 1) // block_m <= PAIRED_MAX_QUERY_BLOCKS
+    )
+
+
 def padded_rows(seq_len):
     """Rows of lse, Delta and the fp32 dQ accumulator: a multiple of 8, so that an fp32 row is
     16-byte aligned for TMA copies, and the dQ fragment layout below can group rows by 8."""
@@ -176,8 +195,9 @@ def attention_recompute_fwd(
     threads,
     num_stages,
     overlap=False,
+    pair_blocks=False,
 ):
-    """O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain). Grid (ceildiv(seq_len, block_m), heads, batch); causal: the longest query blocks first.
+    """O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain). Grid (ceildiv(seq_len, block_m), heads, batch); causal: the longest query blocks first, or at most PAIRED_MAX_QUERY_BLOCKS of them paired: (ceildiv(n, 2), heads, batch).
 
     softmax_scale multiplies the scores Q K^T (not the sinks); the kernel works in the log2
     domain (exp2 of scores * softmax_scale * LOG2E).
@@ -186,6 +206,8 @@ def attention_recompute_fwd(
     overlap=True (256 threads, pipelined): the QK^T GEMM of key block s and the PV GEMM of block
     s - 1 are issued together as async WGMMA and the softmax of block s runs while PV is in
     flight, so the tensor cores are not idle during the softmax.
+    pair_blocks=True (causal): block x walks query blocks x and n - 1 - x in one pipeline
+    (pairs_query_blocks says when), with the plain schedule: grid dim 0 is ceil(n / 2).
     """
     batch, seq_len = runtime_dims()
     scale = softmax_scale * LOG2E
@@ -292,6 +314,71 @@ def attention_recompute_fwd(
         bx + 1 key blocks, so in launch order the grid's last wave would hold its longest blocks,
         on a few SMs while the others idle; longest first, the tail is the shortest blocks."""
         return T.ceildiv(seq_len, block_m) - 1 - launch_x if causal else launch_x
+
+    if causal and pair_blocks:
+
+        @T.prim_func
+        def fwd_pairs(
+            Q: _input(q_shape, dtype, "q"),
+            K: _input(kv_shape, dtype, "k"),
+            V: _input(kv_shape, dtype, "v"),
+            O: T.Tensor(q_shape, dtype),
+            lse: T.Tensor([batch, heads, padded_dim()], ACCUM),
+        ):
+            n_query = T.ceildiv(seq_len, block_m)
+            with T.Kernel(T.ceildiv(n_query, 2), heads, batch, threads=threads) as (pair, by, bz):
+                Q_shared = T.alloc_shared([block_m, dim], dtype)
+                K_shared = T.alloc_shared([block_n, dim], dtype)
+                V_shared = T.alloc_shared([block_n, dim], dtype)
+                acc_s = T.alloc_fragment([block_m, block_n], ACCUM)
+                acc_s_cast = T.alloc_fragment([block_m, block_n], dtype)
+                acc_o = T.alloc_fragment([block_m, dim], ACCUM)
+                row_max = T.alloc_fragment([block_m], ACCUM)
+                row_max_prev = T.alloc_fragment([block_m], ACCUM)
+                row_rescale = T.alloc_fragment([block_m], ACCUM)
+                row_sum = T.alloc_fragment([block_m], ACCUM)
+                row_denom = T.alloc_fragment([block_m], ACCUM)
+                # Query block `pair` (short) and n_query - 1 - pair (long): every block's two
+                # key loops add up to about n_query + 1 steps, so the grid is balanced and each
+                # block's prologue and epilogue serve two query blocks.
+                long_bx = n_query - 1 - pair
+                short_start, short_end = key_blocks(pair)
+                long_start, long_end = key_blocks(long_bx)
+                n_short = short_end - short_start
+                # The middle block of an odd n_query is its own pair: walked once.
+                n_long = T.if_then_else(long_bx == pair, 0, long_end - long_start)
+                # One pipeline over both loops: Q is loaded with each step's K so that the long
+                # block's first tiles load during the short block's epilogue.
+                for step in T.Pipelined(n_short + n_long, num_stages=num_stages):
+                    in_long = step >= n_short
+                    bx = T.if_then_else(in_long, long_bx, pair)
+                    k = T.if_then_else(in_long, long_start + step - n_short, short_start + step)
+                    T.copy(rows(Q, bz, by, bx * block_m, block_m), Q_shared)
+                    T.copy(rows(K, bz, by // groups, k * block_n, block_n), K_shared)
+                    if step == 0 or step == n_short:
+                        start_rows(acc_o, row_denom, row_max)
+                    attend(
+                        Q_shared,
+                        K_shared,
+                        V,
+                        V_shared,
+                        acc_s,
+                        acc_s_cast,
+                        acc_o,
+                        row_max,
+                        row_max_prev,
+                        row_rescale,
+                        row_sum,
+                        row_denom,
+                        bx,
+                        by // groups,
+                        bz,
+                        k,
+                    )
+                    if step == n_short - 1 or step == n_short + n_long - 1:
+                        finish_rows(O, lse, acc_o, row_max, row_denom, bx, by, bz)
+
+        return fwd_pairs
 
     @T.prim_func
     def fwd(

@@ -34,8 +34,10 @@ KERNELS = {}
 
 
 def kernel_key(factory, args, tiling):
-    """KERNELS' key of factory(*args, **tiling)."""
-    return id(factory), args, tuple(tiling.values())  # a JITImpl does not hash
+    """KERNELS' key of factory(*args, **tiling). The tiling's names count too: two tilings with
+    the same values under different names ({..., overlap=True} and {..., pair_blocks=True})
+    are different kernels."""
+    return id(factory), args, tuple(tiling.items())  # a JITImpl does not hash
 
 
 def kernel(factory, *args, **tiling):
