@@ -292,7 +292,9 @@ class CompileCheck:
 
     def summary(self) -> str:
         source = Counter(r.source for r in self.results)
-        return (f"{len(self.results)} kernel(s) checked: {source['compiled']} compiled, "
+        identical = (f" (and {source['identical']} the same kernel as one of those)"
+                     if source["identical"] else "")
+        return (f"{len(self.results)} kernel(s) checked: {source['compiled']} compiled{identical}, "
                 f"{source['cache']} from the compile cache, {source['manifest']} from package "
                 "manifests")
 

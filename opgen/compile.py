@@ -22,7 +22,7 @@ import threading
 import time
 from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -42,12 +42,14 @@ class CompileResult:
     smem_bytes: int = 0
     threads: int = 0
     error: str = ""
-    source: str = "compiled"  # or where a known pass came from: "cache" or "manifest"
+    # "compiled", or "identical" (another job of this check has the same kernel: its result), or
+    # where an earlier check's result came from: "cache", "manifest" or "tilelang cache"
+    source: str = "compiled"
 
     @property
     def cached(self) -> bool:
         """Known from an earlier check, not compiled in this one."""
-        return self.source != "compiled"
+        return self.source not in ("compiled", "identical")
 
 
 def _init_worker(parent: int, keep_cache: bool = False) -> None:
@@ -358,6 +360,43 @@ def _batches(work: list[tuple[str, Path, CompileJob]], workers: int) -> list[lis
     return batches
 
 
+def _maybe_same(work: list[tuple[str, Path, CompileJob]]) -> set[int]:
+    """Indices of jobs whose arguments and tiling some job of another kernels.py shares: only
+    those can build the same kernel as another (packages of one family, such as a GQA package and
+    a sinks package with the sinks off, build many of the same backward kernels)."""
+    files: dict[tuple, set[str]] = {}
+    for _, path, job in work:
+        files.setdefault((repr(job.args), repr(job.tiling)), set()).add(str(path))
+    return {i for i, (_, _, job) in enumerate(work)
+            if len(files[repr(job.args), repr(job.tiling)]) > 1}
+
+
+def _same_kernels(work: list[tuple[str, Path, CompileJob]], indices: list[int]) -> dict[int, int]:
+    """{job: an earlier job with the same kernel} among indices: the same TIR (structurally equal,
+    kernel name aside) built with the same JIT settings, so the same lowering, CUDA and verdict.
+    A job whose TIR cannot be built here is left to its own check, which reports the error."""
+    from tilelang import tvm
+
+    same_as: dict[int, int] = {}
+    seen: dict[tuple[int, str], list[tuple[int, object]]] = {}
+    for i in indices:
+        _, path, job = work[i]
+        try:
+            factory = getattr(_load(str(path)), job.factory)
+            func = factory.get_tir(*job.args, **job.tiling).without_attr("global_symbol")
+        except Exception:
+            continue
+        settings = repr((factory.out_idx, factory.pass_configs, factory.compile_flags,
+                         factory.target, factory.target_host, factory.execution_backend))
+        known = seen.setdefault((tvm.ir.structural_hash(func), settings), [])
+        original = next((j for j, other in known if tvm.ir.structural_equal(func, other)), None)
+        if original is None:
+            known.append((i, func))
+        else:
+            same_as[i] = original
+    return same_as
+
+
 def _compile_single(spec: str, kernels_path: str, job: CompileJob) -> list[CompileResult]:
     return [compile_one(spec, kernels_path, job)]
 
@@ -379,6 +418,7 @@ def compile_all(
     work = list(work)
     workers = max(1, min(workers or os.cpu_count() or 1, len(work) or 1))
     results: dict[int, CompileResult] = {}
+    same_as: dict[int, int] = {}  # a job -> the job whose kernel (and so result) it shares
     pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
                                initargs=(os.getpid(), keep_cache))
     try:
@@ -386,14 +426,31 @@ def compile_all(
             futures = {pool.submit(_compile_single, spec, str(path), job): [i]
                        for i, (spec, path, job) in enumerate(work)}
         else:
-            futures = {pool.submit(check_batch, [(work[i][0], str(work[i][1]), work[i][2])
-                                                 for i in batch]): batch
-                       for batch in _batches(work, workers)}
+            # Jobs that cannot share a kernel with another go to the workers at once; the rest
+            # once the kernels they build are known, each distinct kernel once.
+            maybe_same = _maybe_same(work)
+            futures = {}
+
+            def submit(indices: list[int]) -> None:
+                part = [work[i] for i in indices]
+                for batch in _batches(part, workers):
+                    futures[pool.submit(check_batch, [(part[b][0], str(part[b][1]), part[b][2])
+                                                      for b in batch])] = [indices[b] for b in batch]
+
+            submit([i for i in range(len(work)) if i not in maybe_same])
+            same_as = _same_kernels(work, sorted(maybe_same))
+            submit([i for i in sorted(maybe_same) if i not in same_as])
+        copies: dict[int, list[int]] = {}
+        for copy, original in same_as.items():
+            copies.setdefault(original, []).append(copy)
         for future in as_completed(futures):
             for i, result in zip(futures[future], future.result(), strict=True):
-                results[i] = result
-                if on_done:
-                    on_done(result)
+                for j in [i, *copies.get(i, ())]:
+                    results[j] = result if j == i else replace(
+                        result, spec=work[j][0], label=work[j][2].label, seconds=0.0,
+                        source="identical")
+                    if on_done:
+                        on_done(results[j])
     except BaseException:
         _kill_workers(pool)
         raise

@@ -208,3 +208,39 @@ def test_sources_with_more_than_kernels_are_compiled_alone(extra):
     assert _split(HEAD + KERNEL) == (HEAD, KERNEL)
     assert _split(HEAD + KERNEL + extra) is None
     assert _split(HEAD + extra + KERNEL) == (HEAD + extra, KERNEL)  # in the preamble: compared
+
+
+def test_the_same_kernel_in_two_packages_is_compiled_once(tmp_path, monkeypatch):
+    """Packages of one family build many of the same kernels (a GQA package and a sinks package
+    with the sinks off): one job of each distinct kernel is compiled, the others get its result.
+    Only the same TIR with the same JIT settings counts: the same arguments with another body, or
+    with other pass configs, are compiled."""
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tilelang-cache"))
+    files = {
+        "a": KERNELS,
+        "b": KERNELS,  # another package, the same kernels
+        "other_body": KERNELS.replace("x * factor", "x + factor"),
+        "other_configs": KERNELS.replace(
+            "pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}", ""),
+    }
+    paths = {}
+    for name, text in files.items():
+        paths[name] = tmp_path / name / "kernels.py"
+        paths[name].parent.mkdir()
+        paths[name].write_text(text)
+    work = [(f"specs/{name}.toml", paths[name], job(args, label))
+            for name, args, label in [("a", GOOD[0], "good 0"), ("b", GOOD[0], "good 0"),
+                                      ("other_body", GOOD[0], "good 0"),
+                                      ("other_configs", GOOD[0], "good 0"),
+                                      ("a", GOOD[1], "good 1"),  # in no other package
+                                      ("a", BROKEN, "broken"), ("b", BROKEN, "broken")]]
+    seen = []
+    results = compile_all(work, workers=1, on_done=seen.append)
+    assert [(r.spec, r.label) for r in results] == [(spec, j.label) for spec, _, j in work]
+    assert [r.source for r in results] == ["compiled", "identical", "compiled", "compiled",
+                                           "compiled", "compiled", "identical"]
+    assert [r.ok for r in results] == [True, True, True, True, True, False, False]
+    assert results[1].smem_bytes == results[0].smem_bytes and results[1].seconds == 0.0
+    assert results[6].error == results[5].error and "opgen_undeclared" in results[6].error
+    assert not any(r.cached for r in results)  # each was checked in this build
+    assert sorted((r.spec, r.label) for r in seen) == sorted((r.spec, r.label) for r in results)
