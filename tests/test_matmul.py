@@ -365,7 +365,7 @@ def test_generated_signature_follows_the_bias_switch(project):
     plain = generate(write(project, MINIMAL)).files
     biased = generate(write(project, BIAS)).files
     assert "def x(a, b):" in plain["autograd.py"]
-    assert "check_inputs(a, b, None)" in plain["autograd.py"]
+    assert "check_new_inputs(a, b, None)" in plain["autograd.py"]
     assert "def x(a, b, bias):" in biased["autograd.py"]
     assert "x_bwd_dbias" not in plain["kernels.py"] and "x_bwd_dbias" in biased["kernels.py"]
     assert 'torch.library.custom_op("opgen::x_bwd_dbias", dbias_phase,' in biased["autograd.py"]

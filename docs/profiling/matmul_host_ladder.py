@@ -73,6 +73,7 @@ report("plan.fwd(a, b, bias, c): the kernel's entry point", lambda: plan.fwd(ad,
 report("plan.fwd with the grad-requiring tensors", lambda: plan.fwd(a, b, bias, c))
 report("a.new_empty(c_shape)", lambda: ad.new_empty(plan.c_shape))
 report("mm.check_inputs", lambda: mm.check_inputs(a, b, bias))
+report("mm.check_new_inputs (metadata known)", lambda: mm.check_new_inputs(a, b, bias))
 report("mm.contiguous", lambda: mm.contiguous(a, b, bias))
 report("mm.eager(a)", lambda: mm.eager(a))
 report("mm.check_aligned", lambda: mm.check_aligned(a, b, bias))
