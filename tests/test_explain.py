@@ -3,7 +3,7 @@ replaced by a default."""
 
 from __future__ import annotations
 
-from conftest import write_spec
+from conftest import REPO_ROOT, write_spec
 
 GQA = (
     'name = "x"\nfamily = "attention"\n[attention]\ngqa = true\n'
@@ -66,3 +66,37 @@ def test_short_causal_grid_is_paired(project):
         row = next(row for row in rows if row[0] == "x_fwd")
         grids[seq_len // block_m, causal] = row[2].rsplit(" = ", 1)[1]
     assert grids == {(7, True): "(4, 8, 2)", (7, False): "(8, 8, 2)", (33, True): "(33, 8, 2)"}
+
+
+def test_short_window_grid_walks_heads():
+    """At a window so short that a query block sees at most two key blocks, a forward block walks
+    several query heads, as many as still leave blocks for 7/8 of the SMs (132 assumed, an H200):
+    the package's rule (attention_launch.heads_per_block), with the GPU's SM count at run time."""
+    from opgen.families import attention
+    from opgen.render import load_plan
+
+    plan, _ = load_plan(REPO_ROOT / "specs/attention_sink.toml")
+    assert plan.tiling_for("fwd", 64, True)["block_m"] == 128  # the grids below assume it
+    grids = {}
+    for batch, seq_len, window in ((1, 128, 128), (2, 1000, 128), (2, 1000, 1024), (8, 4096, 16)):
+        shape = dict(batch=batch, heads=64, kv_heads=8, seq_len=seq_len, head_dim=64, causal=True,
+                     window=window)
+        rows = dict(attention.explain(plan, shape))["kernels"]
+        row = next(row for row in rows if row[0].endswith("_fwd"))
+        grids[batch, seq_len, window] = row[2].rsplit(" = ", 1)[1]
+    assert grids == {
+        (1, 128, 128): "(1, 64, 1)",  # one query block: walking heads would leave SMs idle
+        (2, 1000, 128): "(8, 8, 2)",  # 16 query blocks: 8 heads a block, 128 blocks
+        (2, 1000, 1024): "(8, 64, 2)",  # a long window: one head a block
+        (8, 4096, 16): "(32, 8, 8)",
+    }
+
+
+def test_the_packages_hold_the_launch_rules_explain_uses():
+    """attention_launch.py's sections are in every attention package's kernels.py, as written."""
+    from opgen.families.attention import launch_code
+
+    for name in ("attention", "gqa", "attention_sink"):
+        kernels = (REPO_ROOT / "generated" / name / "kernels.py").read_text()
+        assert launch_code("paired causal forward") in kernels
+        assert (launch_code("short windows") in kernels) == (name == "attention_sink")

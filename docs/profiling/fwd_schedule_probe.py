@@ -32,6 +32,13 @@ CONFIGS = {
     # One warpgroup of 64 query rows: twice the blocks, for short causal grids (S1000).
     "loop 64x128 t128 s2": (K.attention_fwd, (64, 128, 128, 2, False)),
     "loop 64x64 t128 s2": (K.attention_fwd, (64, 64, 128, 2, False)),
+    # Wider key blocks (not a power of two: a WGMMA's N is any multiple of 8 up to 256): the
+    # consumers get 240 registers each (TileLang emits warpgroup_reg_alloc<240>), room for a
+    # 64 x 176 fp32 score tile per warpgroup; 128x176 s2 at D128 uses 208 KB of shared memory.
+    "overlap 128x176 s2": (K.attention_fwd, (128, 176, 256, 2, True)),
+    "loop 128x176 s2": (K.attention_fwd, (128, 176, 256, 2, False)),
+    "overlap 128x160 s2": (K.attention_fwd, (128, 160, 256, 2, True)),
+    "loop 128x192 s1": (K.attention_fwd, (128, 192, 256, 1, False)),
     # Causal: query blocks i and n - 1 - i in one block's pipeline (balanced, half the blocks).
     "pairs loop 128x128 s2": (K.attention_fwd, (128, 128, 256, 2, False, True)),
     "pairs loop 128x128 s1": (K.attention_fwd, (128, 128, 256, 1, False, True)),

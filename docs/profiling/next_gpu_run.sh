@@ -1,17 +1,19 @@
 #!/bin/bash
-# The GPU work session 18 left, one call each (the device allows 600 s per call; a machine's
+# The GPU work session 19 left, one call each (the device allows 600 s per call; a machine's
 # start takes 1-3 of the session's 30 minutes and refused starts count too; carry .gpu, built with
 # `../shared/tools/gpu-bundle flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof).
-#   1. Branch causal-pairs (the causal forward pairs query blocks i and n - 1 - i at <= 16 query
-#      blocks; +37% at S1000 kernel alone, run 76): git checkout causal-pairs (git merge main
-#      first if main moved); python docs/profiling/short_causal_probe.py twice, and
-#      CASES="2,16,4,1024,128,1,bfloat16;2,32,8,1000,128,1,bfloat16" CONFIGS="overlap 128x128 s2,pairs loop 128x128 s2"
-#      python docs/profiling/fwd_schedule_probe.py: does the paired kernel lose at B2 16/4 S1024
-#      (run 79: 77 vs 144 TF/s through the public function) or was that the host?
-#   2. If it holds: bash docs/profiling/next_gpu_run.sh tests gqa attention attention_sink attention_recompute
-#      (the packages' kernel_key now tells the paired and overlapped kernels apart, so the causal
-#      tests run the paired one for real); merge to main if they pass.
-#   3. matmul's host forward is 1.76x addmm (run 75): torch.profiler of one call at 64^3.
+#   1. bash docs/profiling/next_gpu_run.sh tests gqa attention attention_sink attention_recompute
+#      (~300 s): the attention packages with the inputs checked once per metadata
+#      (check_new_inputs) and the launch rules moved to opgen/families/attention_launch.py; the
+#      other five packages passed with it (run 83).
+#   2. Wider key blocks in the forward: python docs/profiling/fwd_schedule_probe.py with
+#      CONFIGS="overlap 128x128 s2,overlap 128x176 s2,loop 128x176 s2,overlap 128x160 s2,loop 128x192 s1"
+#      (correctness at odd lengths first, then the six bench shapes against cuDNN). TileLang
+#      gives each consumer warpgroup 240 registers (warpgroup_reg_alloc<240> in the lowered
+#      forward), so a 64 x 176 score tile per warpgroup may fit; the spec's power-of-two rule
+#      for block_n would need to allow multiples of 16 if one wins.
+#   3. matmul's host forward (1.78x addmm, run 83) is bound by Python's autograd.Function
+#      (a no-launch Function costs 12-19 us): nothing left to measure there.
 #   4. in_block vs split at small causal grids (B8 16/2 S2048 D64: 0.85x, run 57).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."

@@ -251,7 +251,7 @@ def attention_sink_fwd(
     overlap=False,
     pair_blocks=False,
 ):
-    """O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain), sinks in every row's denominator. Grid (ceildiv(seq_len, block_m), heads, batch); causal: the longest query blocks first, or at most PAIRED_MAX_QUERY_BLOCKS of them paired: (ceildiv(n, 2), heads, batch).
+    """O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain), sinks in every row's denominator. Grid (ceildiv(seq_len, block_m), heads, batch); causal: the longest query blocks first, or at most PAIRED_MAX_QUERY_BLOCKS of them paired: (ceildiv(n, 2), heads, batch); a short window: heads // heads_per_block.
 
     softmax_scale multiplies the scores Q K^T (not the sinks); the kernel works in the log2
     domain (exp2 of scores * softmax_scale * LOG2E).

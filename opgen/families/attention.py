@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal
 
 from pydantic import Field, StrictBool
 
+from opgen.families import attention_launch
+from opgen.families.attention_launch import (heads_per_block, pairs_query_blocks,
+                                              walks_heads)
 from opgen.families.contract import Family
 from opgen.plan import (DTYPE_BYTES, CompileJob, FlopsBenchCase, GradPlan, PlanBase, SourceInfo,
                         Sweep, Table, base_fields, ceildiv, explain_tables,
@@ -505,7 +509,9 @@ class Plan(PlanBase):
     # The smallest test window (sliding-window specs): where the forward may walk several query
     # heads per block, which its own test forces.
     short_window: int | None
-    paired_max_query_blocks: int  # causal grids of at most this many query blocks pair them
+    # attention_launch.py's rules, as kernels.py holds them (the second only with windows)
+    paired_forward_code: str
+    short_window_code: str
     gqa_case: TestCase | None  # a grouped shape for the atomic-vs-deterministic checks
     # The deterministic grouped dK/dV reductions the package builds, each tested against atomic.
     deterministic_reductions: tuple[str, ...]
@@ -577,7 +583,8 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
                       "O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain)"
                       + (", sinks in every row's denominator" if section.sinks else ""),
                       "(ceildiv(seq_len, block_m), heads, batch); causal: the longest query blocks first, "
-                      "or at most PAIRED_MAX_QUERY_BLOCKS of them paired: (ceildiv(n, 2), heads, batch)",
+                      "or at most PAIRED_MAX_QUERY_BLOCKS of them paired: (ceildiv(n, 2), heads, batch)"
+                      + ("; a short window: heads // heads_per_block" if section.sliding_window else ""),
                       t.fwd, (3 + sink_arg, 4 + sink_arg)),
         "preprocess": kernel("preprocess", "bwd_preprocess", "bwd_preprocess",
                              "Delta = rowsum(O * dO); zeroes the fp32 atomic targets of the bwd kernel",
@@ -681,7 +688,8 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         test_cases=test_cases,
         mask_cases=tuple(mask_cases),
         short_window=min(spec.test.windows) if section.sliding_window else None,
-        paired_max_query_blocks=PAIRED_MAX_QUERY_BLOCKS,
+        paired_forward_code=launch_code("paired causal forward"),
+        short_window_code=launch_code("short windows") if section.sliding_window else "",
         gqa_case=gqa_case,
         deterministic_reductions=tuple(m for m in grouped_modes(chosen) if m != "atomic"),
         atomic_case=gqa_case or test_cases[0],
@@ -707,12 +715,17 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     )
 
 
-# Causal forward calls (no window) whose grid has at most this many query blocks run the paired
-# kernel: query blocks i and n - 1 - i in one block, so every block walks about n + 1 key blocks
-# and its prologue and epilogue serve two query blocks. On the H200 (kernel alone, D128): +37%
-# at 8 query blocks (S1000), +7-10% at 16, behind the single-block overlapped schedule at 32 and
-# more (the paired pipeline reloads Q with each key block).
-PAIRED_MAX_QUERY_BLOCKS = 16
+def launch_code(section: str) -> str:
+    """The code of attention_launch.py in a section (`# >>> section` to `# <<<`), as kernels.py
+    holds it."""
+    source = Path(attention_launch.__file__).read_text(encoding="utf-8")
+    start = source.index(f"# >>> {section}\n") + len(f"# >>> {section}\n")
+    return source[start:source.index("# <<<", start)].strip("\n")
+
+
+# The SMs `opgen explain` assumes for the grids that depend on the GPU (an H100 or H200 SXM): it
+# runs without one.
+EXPLAIN_SM_COUNT = 132
 
 
 def default_softmax_scale(head_dim: int) -> float:
@@ -810,11 +823,15 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     def blocks(key):
         return ceildiv(s, p.tiling_for(key, d, causal)["block_m"])
 
-    fwd_blocks = blocks("fwd")
-    paired = causal and not window and fwd_blocks <= p.paired_max_query_blocks
+    fwd_tiling = p.tiling_for("fwd", d, causal)
+    fwd_blocks = ceildiv(s, fwd_tiling["block_m"])
+    # A short causal grid pairs query blocks i and n - 1 - i in one block; at a short window a
+    # block walks several query heads.
+    paired = pairs_query_blocks(causal, window, s, fwd_tiling["block_m"])
+    walks = bool(window) and walks_heads(window, fwd_tiling["block_m"], fwd_tiling["block_n"])
+    walked = heads_per_block(b, h, s, fwd_tiling["block_m"], EXPLAIN_SM_COUNT) if walks else 1
     grids = {
-        # A short causal grid pairs query blocks i and n - 1 - i in one block.
-        "fwd": (ceildiv(fwd_blocks, 2) if paired else fwd_blocks, h, b),
+        "fwd": (ceildiv(fwd_blocks, 2) if paired else fwd_blocks, h // walked, b),
         "preprocess": (blocks("preprocess"), h, b),
         "bwd": (kv if groups > 1 and p.dk_reduction == "in_block" else h, blocks("bwd"), b),
         # Grouped KV heads: kv more blocks finish dK and dV, unless the bwd kernel wrote them.

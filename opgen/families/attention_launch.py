@@ -1,0 +1,66 @@
+"""The attention forward's launch rules: which kernel, and how many query heads per block, a call
+of a given shape gets. The code between the marker lines below is copied verbatim into every
+attention package's kernels.py (a package never imports opgen), and opgen's plan calls the same
+functions for the grids `opgen explain` shows: the rules live here, once.
+
+Behind the constants (H200, kernel alone, D128): pairing causal query blocks gains 37% at 8 query
+blocks (S1000) and 7-10% at 16, and loses to the single-block overlapped schedule at 32 and more.
+"""
+
+# >>> paired causal forward
+# Causal forward grids of at most this many query blocks pair them (pairs_query_blocks).
+PAIRED_MAX_QUERY_BLOCKS = 16
+
+
+def pairs_query_blocks(causal, window, seq_len, block_m):
+    """Whether a forward call runs the paired kernel (pair_blocks=True): causal without a window,
+    at most PAIRED_MAX_QUERY_BLOCKS query blocks. Query block i sees i + 1 key blocks; in a short
+    grid each block is mostly prologue and epilogue, and blocks of one or two steps leave the
+    pipeline empty. Paired, query blocks i and n - 1 - i share one block's pipeline of n + 1 key
+    steps: half the blocks, all of one length, the second query block's first tiles loading
+    during the first one's epilogue. In longer grids the key loop hides those already, and the
+    paired pipeline's Q reload with every key block costs more than it saves."""
+    return (
+        bool(causal)
+        and not window
+        and (seq_len + block_m - 1) // block_m <= PAIRED_MAX_QUERY_BLOCKS
+    )
+
+
+# <<<
+
+
+# >>> short windows
+def walks_heads(window, block_m, block_n):
+    """Whether the forward's block walks several query heads: at a window so short that a block
+    of queries sees at most two blocks of keys (block_m a multiple of block_n). Such a block is
+    mostly prologue (Q and the first K/V loads) and epilogue (O and lse stores): one pipeline over
+    several heads' (head, key block) steps loads the next head's tiles during this head's
+    epilogue. At longer windows the key loop hides them already, and reloading Q every step
+    (what lets heads follow each other in one pipeline) costs more than it saves."""
+    key_blocks = block_m // block_n + (window - 1 + block_n - 1) // block_n
+    return bool(window) and block_m % block_n == 0 and key_blocks <= 2
+
+
+# At most this many query heads per forward block: past it the prologue and epilogue are
+# already a small part of a block's time.
+MAX_HEADS_PER_BLOCK = 8
+
+
+def heads_per_block(batch, heads, seq_len, block_m, sm_count):
+    """Query heads per block of a forward that walks heads (walks_heads), for one call's shape:
+    the most, a power of two dividing heads and at most MAX_HEADS_PER_BLOCK, that still leave
+    blocks for 7/8 of the SMs. Fewer, longer blocks than that leave SMs idle: on the H200 (132
+    SMs) 128 blocks of two heads beat 256 blocks of one, 64 blocks lose by half."""
+    query_blocks = (seq_len + block_m - 1) // block_m * batch
+    per_block = 1
+    while (
+        per_block * 2 <= MAX_HEADS_PER_BLOCK
+        and heads % (per_block * 2) == 0
+        and query_blocks * (heads // (per_block * 2)) * 8 >= sm_count * 7
+    ):
+        per_block *= 2
+    return per_block
+
+
+# <<<
