@@ -39,6 +39,11 @@ CONFIGS = {
     "loop 128x176 s2": (K.attention_fwd, (128, 176, 256, 2, False)),
     "overlap 128x160 s2": (K.attention_fwd, (128, 160, 256, 2, True)),
     "loop 128x192 s1": (K.attention_fwd, (128, 192, 256, 1, False)),
+    # Three consumer warpgroups of 64 query rows (512 threads, 160 registers each): for D64,
+    # where a 128-row block's two warpgroups leave the tensor cores waiting on the softmax.
+    "overlap 192x128 t384 s2": (K.attention_fwd, (192, 128, 384, 2, True)),
+    "loop 192x128 t384 s2": (K.attention_fwd, (192, 128, 384, 2, False)),
+    "loop 192x192 t384 s2": (K.attention_fwd, (192, 192, 384, 2, False)),
     # Causal: query blocks i and n - 1 - i in one block's pipeline (balanced, half the blocks).
     "pairs loop 128x128 s2": (K.attention_fwd, (128, 128, 256, 2, False, True)),
     "pairs loop 128x128 s1": (K.attention_fwd, (128, 128, 256, 1, False, True)),

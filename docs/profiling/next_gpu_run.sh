@@ -11,7 +11,10 @@
 #      (correctness at odd lengths first, then the six bench shapes against cuDNN). TileLang
 #      gives each consumer warpgroup 240 registers (warpgroup_reg_alloc<240> in the lowered
 #      forward), so a 64 x 176 score tile per warpgroup may fit; the spec's power-of-two rule
-#      for block_n would need to allow multiples of 16 if one wins.
+#      for block_n would need to allow multiples of 16 if one wins. Then the D64 cases
+#      (CASES="8,16,16,2048,64,0,float16;8,16,16,2048,64,1,float16") with
+#      CONFIGS="overlap 128x128 s2,overlap 192x128 t384 s2,loop 192x128 t384 s2,loop 192x192 t384 s2":
+#      three consumer warpgroups of 64 rows (they compile on the CPU at D64: 90-123 KB).
 #   3. matmul's host forward (1.78x addmm, run 83) is bound by Python's autograd.Function
 #      (a no-launch Function costs 12-19 us): nothing left to measure there.
 #   4. in_block vs split at small causal grids (B8 16/2 S2048 D64: 0.85x, run 57).
