@@ -364,11 +364,11 @@ def _maybe_same(work: list[tuple[str, Path, CompileJob]]) -> set[int]:
     """Indices of jobs whose arguments and tiling some job of another kernels.py shares: only
     those can build the same kernel as another (packages of one family, such as a GQA package and
     a sinks package with the sinks off, build many of the same backward kernels)."""
-    files: dict[tuple, set[str]] = {}
-    for _, path, job in work:
-        files.setdefault((repr(job.args), repr(job.tiling)), set()).add(str(path))
-    return {i for i, (_, _, job) in enumerate(work)
-            if len(files[repr(job.args), repr(job.tiling)]) > 1}
+    keys = [(repr(job.args), repr(job.tiling)) for _, _, job in work]
+    files: dict[tuple[str, str], set[str]] = {}
+    for key, (_, path, _) in zip(keys, work):
+        files.setdefault(key, set()).add(str(path))
+    return {i for i, key in enumerate(keys) if len(files[key]) > 1}
 
 
 def _same_kernels(work: list[tuple[str, Path, CompileJob]], indices: list[int]) -> dict[int, int]:

@@ -15,8 +15,11 @@
 #      (CASES="8,16,16,2048,64,0,float16;8,16,16,2048,64,1,float16") with
 #      CONFIGS="overlap 128x128 s2,overlap 192x128 t384 s2,loop 192x128 t384 s2,loop 192x192 t384 s2":
 #      three consumer warpgroups of 64 rows (they compile on the CPU at D64: 90-123 KB).
-#   3. matmul's host forward (1.78x addmm, run 83) is bound by Python's autograd.Function
-#      (a no-launch Function costs 12-19 us): nothing left to measure there.
+#   3. python docs/profiling/attention_host_ladder.py (~1 min): where gqa's forward host time
+#      goes, at B1 S128 and at the model's B2 16/4 S1024, where the paired kernel alone runs at
+#      309 TF/s and the public function at 147-173 (run 80): the short causal forward through
+#      the public function is host-bound. (matmul's, 1.78x addmm in run 83, is bound by Python's
+#      autograd.Function: a no-launch Function costs 12-19 us.)
 #   4. in_block vs split at small causal grids (B8 16/2 S2048 D64: 0.85x, run 57).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."

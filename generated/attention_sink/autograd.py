@@ -29,6 +29,7 @@ from .kernels import (
     dkv_buffer,
     heads_per_block,
     padded_rows,
+    paired_tiling,
     pairs_query_blocks,
     walks_heads,
 )
@@ -352,9 +353,7 @@ def variant_calls(
     }
     if causal and not window:
         factory, args, tiling = calls["fwd"]
-        # The paired kernel runs the plain schedule: overlap is left out of its cache key.
-        paired = {key: value for key, value in tiling.items() if key != "overlap"}
-        calls["fwd_pairs"] = (factory, args, {**paired, "pair_blocks": True})
+        calls["fwd_pairs"] = (factory, args, paired_tiling(tiling))
     return calls
 
 

@@ -161,6 +161,13 @@ def pairs_query_blocks(causal, window, seq_len, block_m):
     )
 
 
+def paired_tiling(tiling):
+    """The paired forward's tiling: the forward's own, with pair_blocks=True. The paired kernel
+    runs the plain schedule, so overlap is left out (of its cache key too)."""
+    paired = {key: value for key, value in tiling.items() if key != "overlap"}
+    return {**paired, "pair_blocks": True}
+
+
 def walks_heads(window, block_m, block_n):
     """Whether the forward's block walks several query heads: at a window so short that a block
     of queries sees at most two blocks of keys (block_m a multiple of block_n). Such a block is

@@ -25,6 +25,7 @@ from .kernels import (
     default_softmax_scale,
     dkv_buffer,
     padded_rows,
+    paired_tiling,
     pairs_query_blocks,
 )
 from .reference import attention_tuned_reference
@@ -336,9 +337,7 @@ def variant_calls(
     }
     if causal and not window:
         factory, args, tiling = calls["fwd"]
-        # The paired kernel runs the plain schedule: overlap is left out of its cache key.
-        paired = {key: value for key, value in tiling.items() if key != "overlap"}
-        calls["fwd_pairs"] = (factory, args, {**paired, "pair_blocks": True})
+        calls["fwd_pairs"] = (factory, args, paired_tiling(tiling))
     return calls
 
 

@@ -147,6 +147,13 @@ def pairs_query_blocks(causal, window, seq_len, block_m):
     )
 
 
+def paired_tiling(tiling):
+    """The paired forward's tiling: the forward's own, with pair_blocks=True. The paired kernel
+    runs the plain schedule, so overlap is left out (of its cache key too)."""
+    paired = {key: value for key, value in tiling.items() if key != "overlap"}
+    return {**paired, "pair_blocks": True}
+
+
 def padded_rows(seq_len):
     """Rows of lse, Delta and the fp32 dQ accumulator: a multiple of 8, so that an fp32 row is
     16-byte aligned for TMA copies, and the dQ fragment layout below can group rows by 8."""
