@@ -318,3 +318,34 @@ def test_under_torch_compile_the_op_copies_a_view_off_16_bytes(monkeypatch):
     assert autograd.aligned_start(aligned) is aligned
     monkeypatch.undo()
     assert autograd.dense(unaligned) is not unaligned and autograd.dense(aligned) is aligned
+
+
+def loop_readable(t, step):
+    """strides_readable's rule, dim by dim (what its contiguous fast path must agree with)."""
+    return t.stride(-1) == 1 and all(size == 1 or (stride > 0 and stride % step == 0)
+                                     for size, stride in zip(t.shape[:-1], t.stride()[:-1]))
+
+
+@pytest.mark.parametrize("package", ATTENTION)
+def test_strides_readable_fast_path_agrees_with_the_rule(package):
+    autograd = import_generated(package, "autograd")
+    base = torch.empty(2, 9, 4, 64, dtype=BF16)
+    views = [base, base[:, :5], base[..., :32], base[..., 1:33], base.transpose(1, 2),
+             base[:, :, :1], torch.empty(1, 1, 1, 3, dtype=BF16), torch.empty(2, 0, 4, 64, dtype=BF16),
+             torch.empty(3, 5, 2, 8, dtype=BF16), torch.empty(3, 5, 2, 12, dtype=BF16),
+             torch.empty(4, 64, 2, 1, dtype=BF16).transpose(1, 3)]
+    step = autograd.TMA_ALIGNMENT // 2
+    for t in views:
+        assert autograd.strides_readable(t) == loop_readable(t, step), (tuple(t.shape), t.stride())
+
+
+@pytest.mark.parametrize("package", ATTENTION)
+def test_a_0d_input_hears_of_its_rank(package):
+    """A 0-D q, k or v is refused as not 4-D (before, reading its last dim's stride raised an
+    IndexError)."""
+    autograd = import_generated(package, "autograd")
+    public = getattr(autograd, package)
+    scalar = torch.tensor(1.0, dtype=BF16)
+    args = (scalar, scalar, scalar) + ((torch.zeros(4),) if package == "attention_sink" else ())
+    with pytest.raises(ValueError, match=f"^{package}: q must be 4-D"):
+        public(*args)

@@ -230,16 +230,6 @@ def check_inputs(q, k, v, sinks, causal, window, layout, softmax_scale=None):
             raise ValueError(
                 f"attention_sink: {name} must be on a CUDA device, or the CPU (the reference) (got {t.device})"
             )
-        if not (strides_readable(t) if name in ("q", "k", "v") else t.is_contiguous()):
-            what = (
-                "a contiguous last dim and 16-byte aligned strides"
-                if name in ("q", "k", "v")
-                else "to be contiguous"
-            )
-            raise ValueError(
-                f"attention_sink: {name} needs {what} (got shape {tuple(t.shape)}, strides "
-                f"{t.stride()}, storage offset {t.storage_offset()}); call .contiguous() first"
-            )
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in DTYPE_NAMES:
             raise TypeError(
@@ -249,6 +239,23 @@ def check_inputs(q, k, v, sinks, causal, window, layout, softmax_scale=None):
             raise ValueError(
                 f"attention_sink: {name} must be 4-D {LAYOUT_DIMS[layout]} for layout {layout!r} "
                 f"(got shape {tuple(t.shape)})"
+            )
+    # Strides once the dims are right: a tensor of the wrong rank hears of its rank.
+    for name, t in (
+        ("q", q),
+        ("k", k),
+        ("v", v),
+        ("sinks", sinks),
+    ):
+        if not (strides_readable(t) if name in ("q", "k", "v") else t.is_contiguous()):
+            what = (
+                "a contiguous last dim and 16-byte aligned strides"
+                if name in ("q", "k", "v")
+                else "to be contiguous"
+            )
+            raise ValueError(
+                f"attention_sink: {name} needs {what} (got shape {tuple(t.shape)}, strides "
+                f"{t.stride()}, storage offset {t.storage_offset()}); call .contiguous() first"
             )
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(
@@ -706,9 +713,15 @@ def strides_readable(t):
     """Whether TMA can read q, k or v with its strides: the last dim contiguous, every other
     stride of a dim longer than 1 nonzero and a multiple of 16 bytes. Views of a fused projection
     and transposes are."""
+    if t.dim() == 0:  # (the public function copies such a tensor; check_inputs names its rank)
+        return False
     step = TMA_ALIGNMENT // t.element_size()
     if t.stride(-1) != 1:
         return False
+    if t.is_contiguous() and t.shape[-1] % step == 0:
+        # Every stride of a contiguous tensor is a multiple of its last dim's size: the common
+        # case, without the loop below (microseconds of host time a call).
+        return True
     return all(
         size == 1 or (stride > 0 and stride % step == 0)
         for size, stride in zip(t.shape[:-1], t.stride()[:-1])

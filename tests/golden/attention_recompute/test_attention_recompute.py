@@ -556,6 +556,8 @@ def test_rejects_bad_inputs_before_launch(no_launch):
         attention_recompute(*good.values(), causal=causal, layout=layout, softmax_scale="0.1")
     with pytest.raises(ValueError, match="4-D"):
         call(q=good["q"][0], k=good["k"][0], v=good["v"][0])
+    with pytest.raises(ValueError, match="4-D"):  # 0-D: no last dim to read strides from
+        call(q=good["q"][0, 0, 0, 0], k=good["k"][0, 0, 0, 0], v=good["v"][0, 0, 0, 0])
     # apply_op's callers: tensors the kernels read in place (the last dim contiguous).
     with pytest.raises(ValueError, match="contiguous last dim"):
         strided_last = good["q"].transpose(-1, -2).contiguous().transpose(-1, -2)
