@@ -27,6 +27,7 @@ from .kernels import (
     attention_sink_bwd_dsinks,
     default_softmax_scale,
     dkv_buffer,
+    has_paired_forward,
     heads_per_block,
     padded_rows,
     paired_tiling,
@@ -358,7 +359,7 @@ def variant_calls(
         ),
         "dsinks": (attention_sink_bwd_dsinks, (heads,), DSINKS_TILING),
     }
-    if causal and not window:
+    if has_paired_forward(causal, window):
         factory, args, tiling = calls["fwd"]
         calls["fwd_pairs"] = (factory, args, paired_tiling(tiling))
     return calls

@@ -145,6 +145,12 @@ def _needs_mask(seq_len, causal, window):
 PAIRED_MAX_QUERY_BLOCKS = 16
 
 
+def has_paired_forward(causal, window):
+    """Whether a variant builds the paired forward (pairs_query_blocks says which calls run it):
+    causal without a window."""
+    return bool(causal) and not window
+
+
 def pairs_query_blocks(causal, window, seq_len, block_m):
     """Whether a forward call runs the paired kernel (pair_blocks=True): causal without a window,
     at most PAIRED_MAX_QUERY_BLOCKS query blocks. Query block i sees i + 1 key blocks; in a short
@@ -153,11 +159,8 @@ def pairs_query_blocks(causal, window, seq_len, block_m):
     steps: half the blocks, all of one length, the second query block's first tiles loading
     during the first one's epilogue. In longer grids the key loop hides those already, and the
     paired pipeline's Q reload with every key block costs more than it saves."""
-    return (
-        bool(causal)
-        and not window
-        and (seq_len + block_m - 1) // block_m <= PAIRED_MAX_QUERY_BLOCKS
-    )
+    query_blocks = (seq_len + block_m - 1) // block_m
+    return has_paired_forward(causal, window) and query_blocks <= PAIRED_MAX_QUERY_BLOCKS
 
 
 def paired_tiling(tiling):

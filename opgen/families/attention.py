@@ -15,8 +15,8 @@ from typing import Annotated, Any, Iterator, Literal
 from pydantic import Field, StrictBool
 
 from opgen.families import attention_launch
-from opgen.families.attention_launch import (heads_per_block, paired_tiling,
-                                              pairs_query_blocks, walks_heads)
+from opgen.families.attention_launch import (has_paired_forward, heads_per_block,
+                                              paired_tiling, pairs_query_blocks, walks_heads)
 from opgen.families.contract import Family
 from opgen.plan import (DTYPE_BYTES, CompileJob, FlopsBenchCase, GradPlan, PlanBase, SourceInfo,
                         Sweep, Table, base_fields, ceildiv, explain_tables,
@@ -775,7 +775,7 @@ def _compile_jobs(spec, kernels, tuned, chosen, test_cases, mask_cases) -> tuple
             k = kernels["fwd"]
             jobs.append(CompileJob(k.factory, (1, 1, dim, mask.causal, window, layout, dtype, scale),
                                    tiling("fwd"), f"fwd {tag} {mask.id}"))
-            if mask.causal and not window:
+            if has_paired_forward(mask.causal, window):
                 # The paired forward short causal calls run (the package's variant_calls).
                 jobs.append(CompileJob(k.factory, (1, 1, dim, mask.causal, window, layout, dtype, scale),
                                        paired_tiling(tiling("fwd")), f"fwd pairs {tag} {mask.id}"))

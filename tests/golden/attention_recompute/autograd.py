@@ -22,6 +22,7 @@ from .kernels import (
     attention_recompute_bwd_postprocess,
     default_softmax_scale,
     dkv_buffer,
+    has_paired_forward,
     padded_rows,
     paired_tiling,
     pairs_query_blocks,
@@ -338,7 +339,7 @@ def variant_calls(
             POSTPROCESS_TILING,
         ),
     }
-    if causal and not window:
+    if has_paired_forward(causal, window):
         factory, args, tiling = calls["fwd"]
         calls["fwd_pairs"] = (factory, args, paired_tiling(tiling))
     return calls

@@ -24,6 +24,7 @@ from .kernels import (
     attention_tuned_bwd_postprocess,
     default_softmax_scale,
     dkv_buffer,
+    has_paired_forward,
     padded_rows,
     paired_tiling,
     pairs_query_blocks,
@@ -341,7 +342,7 @@ def variant_calls(
             POSTPROCESS_TILING,
         ),
     }
-    if causal and not window:
+    if has_paired_forward(causal, window):
         factory, args, tiling = calls["fwd"]
         calls["fwd_pairs"] = (factory, args, paired_tiling(tiling))
     return calls
