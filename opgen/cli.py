@@ -592,6 +592,9 @@ def tune(
                                                  "candidates per (head_dim, causal, phase), the "
                                                  "spec's current tiling first."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Compile processes (default: CPUs)."),
+    head_dims: Optional[str] = typer.Option(None, "--head-dims", help="Tune only these of the "
+                                            "spec's head dims (comma-separated); the others keep "
+                                            "their entries."),
 ) -> None:
     """Time the fwd/bwd tilings the spec's rules accept per (head_dim, causal) on this GPU and
     write the fastest into the spec as [[tiling.tuned]] (a diff is printed). Each candidate is
@@ -617,7 +620,16 @@ def tune(
                              f"(got {echo(phases)})")
         source = read_spec(spec_path)
         spec = validate(family.spec, source)
-        found = tuning.candidates(spec, [p for p in TUNED_PHASES if p in chosen], max_candidates)
+        dims = None
+        if head_dims is not None:
+            words = [w.strip() for w in head_dims.split(",") if w.strip()]
+            if not words or any(not w.isdigit() or int(w) not in spec.attention.head_dims
+                                for w in words):
+                raise OpgenError(f"--head-dims: a comma-separated list of the spec's head dims "
+                                 f"{echo(spec.attention.head_dims)} (got {echo(head_dims)})")
+            dims = {int(w) for w in words}
+        found = tuning.candidates(spec, [p for p in TUNED_PHASES if p in chosen], max_candidates,
+                                  dims)
         out.print(f"{plan.source.spec_path}: {len(found)} candidate(s) pass the spec's rules; "
                   "compile check (sm_90a)...", markup=False)
         with scratch_dir() as scratch:
@@ -657,11 +669,21 @@ def tune(
             out.print(f"  {c.label}: " + (f"{ms:.3f} ms" if ms is not None else problem),
                       markup=False)
 
-        with scratch_dir() as scratch, tuning.imported_package(gen.files, spec.name,
-                                                               Path(scratch)) as autograd:
-            times = tuning.time_candidates(spec, plan, autograd, compiled, report,
-                                            workers=jobs or os.cpu_count() or 1)
-        winners = tuning.pick_winners(compiled, times)
+        times: dict = {}
+        cut_off = False
+        try:
+            with scratch_dir() as scratch, tuning.imported_package(gen.files, spec.name,
+                                                                   Path(scratch)) as autograd:
+                tuning.time_candidates(spec, plan, autograd, compiled, report,
+                                       workers=jobs or os.cpu_count() or 1, times=times)
+        except KeyboardInterrupt:
+            # Ctrl-C or a time limit while timing: the variants timed in full keep their winners.
+            cut_off = True
+        complete = tuning.timed_variants(compiled, times)
+        winners = tuning.pick_winners([c for c in compiled if c.variant in complete], times)
+        if cut_off and not winners:
+            raise Interrupted("interrupted while timing, before any (head_dim, causal, phase) "
+                              "had all its candidates timed; nothing written")
         if not winners:
             raise CheckFailed("no candidate gave the reference's result; nothing written")
         for variant, c in sorted(winners.items()):
@@ -671,12 +693,18 @@ def tune(
         validate(family.spec, SpecSource(source.path, "", tomllib.loads(text), text))
         if text == source.text:
             out.print(f"{source.path}: unchanged", markup=False)
-            return
-        out.print(tuning.unified_diff(source.text, text, source.path), markup=False, end="")
-        temp = spec_path.with_name(spec_path.name + ".tune-tmp")
-        temp.write_text(text, encoding="utf-8")
-        os.replace(temp, spec_path)
-        out.print(f"wrote {source.path}; next: `opgen build {source.path}`", markup=False)
+        else:
+            out.print(tuning.unified_diff(source.text, text, source.path), markup=False, end="")
+            temp = spec_path.with_name(spec_path.name + ".tune-tmp")
+            temp.write_text(text, encoding="utf-8")
+            os.replace(temp, spec_path)
+            out.print(f"wrote {source.path}; next: `opgen build {source.path}`", markup=False)
+        if cut_off:
+            untimed = sorted({c.variant for c in compiled} - complete)
+            raise Interrupted("interrupted while timing; wrote the winners of the variants timed "
+                              "in full; not timed in full (kept as they were): "
+                              + ", ".join(f"d{d} {'causal' if c else 'full'} {p}"
+                                          for d, c, p in untimed))
 
 
 def _package(name: str, out_root: Path = OUT_ROOT) -> Path:

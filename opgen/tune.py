@@ -7,6 +7,8 @@ rules the spec's own tilings obey (shared memory at that head dim, warpgroup lay
 overlapped forward's threads and pipeline) and by the CPU compile check;
 on a GPU each remaining candidate is checked against the package's reference at the tune shape
 before it is timed. Selection (pick_winners) and the spec edit (write_tuned) are pure functions.
+A run interrupted while timing still writes the variants whose candidates were all timed
+(timed_variants); --head-dims tunes some head dims and keeps the others' entries.
 """
 
 from __future__ import annotations
@@ -27,16 +29,18 @@ from opgen.plan import CompileJob
 
 # The candidates of each phase: every combination, in this order (block_m is the query rows of
 # a fwd block and the key rows of a bwd block; block_n the other side of its score tile), times
-# the phase's own keys of PHASE_SPACE. The rules keep block_m = 64 * threads / 128 (or 128 rows
-# on one warpgroup), the shared memory under 227 KB and the overlapped forward on 256 threads:
-# at head_dim 64 and 128, 24 fwd and 18 bwd candidates per (head dim, causal).
+# the phase's own keys of PHASE_SPACE (which override SEARCH_SPACE's). The rules keep block_m =
+# 64 * threads / 128 (or 64-192 rows on one warpgroup), the shared memory under 227 KB and the
+# overlapped forward on 256 threads. The forward also tries three consumer warpgroups of 64
+# query rows (192 x block_n on 384 threads).
 SEARCH_SPACE = {
     "block_m": (64, 128),
     "block_n": (32, 64, 128),
     "threads": (128, 256),
     "num_stages": (1, 2),
 }
-PHASE_SPACE = {"fwd": {"overlap": (False, True)}, "bwd": {}}
+PHASE_SPACE = {"fwd": {"block_m": (64, 128, 192), "threads": (128, 256, 384),
+                       "overlap": (False, True)}, "bwd": {}}
 # The shape a head dim is timed at when no [bench] shape has that head dim; a GQA spec's is
 # grouped, so that its backward is timed with the dK/dV reduction grouped calls use.
 DEFAULT_SHAPE = {"batch": 4, "heads": 16, "kv_heads": 16, "seq_len": 4096}
@@ -83,11 +87,14 @@ def current_tiling(spec: Any, dim: int, causal: bool, phase: str) -> dict[str, i
 
 
 def candidates(spec: Any, phases: Iterable[str] = TUNED_PHASES,
-               max_candidates: int | None = None) -> list[Candidate]:
-    """Per head dim of the spec, causal and not, and phase: the spec's current tiling first,
-    then SEARCH_SPACE's, those the rules accept, at most max_candidates of them."""
+               max_candidates: int | None = None,
+               head_dims: Iterable[int] | None = None) -> list[Candidate]:
+    """Per head dim of the spec (those of head_dims, if given), causal and not, and phase: the
+    spec's current tiling first, then SEARCH_SPACE's, those the rules accept, at most
+    max_candidates of them."""
     found = []
-    for dim, causal, phase in itertools.product(spec.attention.head_dims, (False, True), phases):
+    dims = [d for d in spec.attention.head_dims if head_dims is None or d in head_dims]
+    for dim, causal, phase in itertools.product(dims, (False, True), phases):
         keys = {**SEARCH_SPACE, **PHASE_SPACE[phase]}
         space = [dict(zip(keys, values)) for values in itertools.product(*keys.values())]
         mine: list[Candidate] = []
@@ -140,6 +147,16 @@ def pick_winners(found: Iterable[Candidate], times: dict[Candidate, float | None
         if best is None or ms < times[best]:
             winners[candidate.variant] = candidate
     return winners
+
+
+def timed_variants(found: Iterable[Candidate], times: dict[Candidate, float | None]
+                   ) -> set[tuple[int, bool, str]]:
+    """The variants every candidate of which has a result (a time or None): those a run cut off
+    while timing may still pick a winner for."""
+    variants: dict[tuple[int, bool, str], bool] = {}
+    for candidate in found:
+        variants[candidate.variant] = variants.get(candidate.variant, True) and candidate in times
+    return {v for v, done in variants.items() if done}
 
 
 def merged_entries(spec: Any, winners: dict[tuple[int, bool, str], Candidate]
@@ -287,11 +304,14 @@ def prebuild_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candida
 
 def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
                     report: Callable[[Candidate, float | None, str], None],
-                    workers: int = 16) -> dict[Candidate, float | None]:
+                    workers: int = 16,
+                    times: dict[Candidate, float | None] | None = None
+                    ) -> dict[Candidate, float | None]:
     """ms per call of each candidate through the package's run_forward / run_backward at its tune
     shape, after its output (fwd) or gradients (bwd) matched the reference within the spec's
     tolerance; None for a candidate that failed or was wrong (report says why). Every
-    candidate's kernels are built first, `workers` at a time."""
+    candidate's kernels are built first, `workers` at a time. The results go into `times` as
+    they come (a new dict if None), so a caller still has them when the run is interrupted."""
     import torch
 
     dtype_name = spec.bench.dtype
@@ -305,7 +325,7 @@ def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
     saved = {n: getattr(autograd, n) for p in names.values() for n in (p, p + "S")
              if hasattr(autograd, n)}
     prebuild_candidates(spec, plan, autograd, found, workers)
-    times: dict[Candidate, float | None] = {}
+    times = {} if times is None else times
     by_variant: dict[tuple[int, bool], list[Candidate]] = {}
     for c in found:
         by_variant.setdefault((c.head_dim, c.causal), []).append(c)

@@ -442,7 +442,8 @@ def test_a_rule_that_reads_a_failed_section_is_skipped(project):
         "[test]\nshapes = [{batch=1, heads=1, seq_len=512}]\n",
     )
     assert found == [
-        ("tiling.fwd.block_m", "must be a power of two >= 16 (got 48)"),
+        ("tiling.fwd.block_m", "must be a power of two >= 16 or a multiple of 64 (64 query rows "
+                               "per consumer warpgroup) (got 48)"),
         ("attention.layouts", "must not repeat a layout"),
     ]
 

@@ -110,6 +110,13 @@ BASE = 'name = "x"\nfamily = "attention"\n'
     ("head_dim = 64\ncausal = true\nfwd = { block_m = 64, block_n = 64, threads = 256, num_stages = 1 }",
      "tiling.tuned.0.fwd", "has no TileLang layout"),
     ("head_dim = 64\ncausal = true", "tiling.tuned.0", "give fwd, bwd or both"),
+    # 192 query rows are three warpgroups' (384 threads) in the forward, no power of two elsewhere.
+    ("head_dim = 64\ncausal = true\nfwd = { block_m = 192, block_n = 128, threads = 256, num_stages = 2 }",
+     "tiling.tuned.0.fwd", "use block_m = 64 * threads / 128 (= 128)"),
+    ("head_dim = 64\ncausal = true\nfwd = { block_m = 96, block_n = 128, threads = 384, num_stages = 2 }",
+     "tiling.tuned.0.fwd.block_m", "must be a power of two >= 16 or a multiple of 64"),
+    ("head_dim = 64\ncausal = true\nbwd = { block_m = 192, block_n = 64, threads = 384, num_stages = 1 }",
+     "tiling.tuned.0.bwd.block_m", "must be a power of two >= 16"),
     ("head_dim = 64\ncausal = true\n"
      "fwd = { block_m = 64, block_n = 64, threads = 128, num_stages = 1, overlap = true }",
      "tiling.tuned.0.fwd.overlap", "needs threads = 256"),
@@ -142,9 +149,47 @@ def test_candidates_pass_the_rules_current_tiling_first():
     assert first[64, False, "fwd"].tiling_dict == spec.tiling.fwd.model_dump()
     assert first[128, True, "bwd"].tiling_dict == spec.tiling.bwd.model_dump()
     assert len(found) == len(set(found))
+    # The forward alone tries three consumer warpgroups of 64 query rows.
+    assert {(c.phase, c.tiling_dict["threads"]) for c in found
+            if c.tiling_dict["block_m"] == 192} >= {("fwd", 384)}
+    assert all(c.phase == "fwd" for c in found if c.tiling_dict["block_m"] == 192)
     limited = tune.candidates(spec, ["fwd"], max_candidates=2)
     assert len(limited) == 2 * 2 * 2  # 2 head dims x causal or not x 2
     assert {c.phase for c in limited} == {"fwd"}
+
+
+def test_a_cut_off_run_keeps_the_variants_it_timed_in_full():
+    """A tune interrupted while timing (Ctrl-C, a time limit) writes the winners of the variants
+    each candidate of which has a result (a wrong or failed one counts), and no other."""
+    def cand(dim, causal, block_n):
+        return tune._as_candidate(dim, causal, "fwd", {"block_m": 128, "block_n": block_n,
+                                                        "threads": 256, "num_stages": 1})
+
+    a, b = cand(64, False, 64), cand(64, False, 128)
+    c, d = cand(64, True, 64), cand(64, True, 128)
+    e = cand(128, False, 64)
+    times = {a: 1.0, b: None, c: 2.0}  # d's timing was cut off; e never started
+    assert tune.timed_variants([a, b, c, d, e], times) == {(64, False, "fwd")}
+    complete = tune.timed_variants([a, b, c, d, e], times)
+    assert tune.pick_winners([x for x in (a, b, c, d, e) if x.variant in complete], times) == {
+        (64, False, "fwd"): a}
+
+
+def test_candidates_of_chosen_head_dims():
+    spec = spec_of(SPEC_TEXT)
+    found = tune.candidates(spec, ["fwd"], head_dims={64})
+    assert found and {c.head_dim for c in found} == {64}
+    assert found == [c for c in tune.candidates(spec, ["fwd"]) if c.head_dim == 64]
+
+
+def test_tune_rejects_head_dims_the_spec_lacks(tmp_path, run_opgen):
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs/attention.toml").write_text(SPEC_TEXT)
+    result = run_opgen("tune", "specs/attention.toml", "--head-dims", "64,96", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--head-dims: a comma-separated list of the spec's head dims [64, 128] (got \"64,96\")" \
+        in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_pick_winners_from_fake_timings():

@@ -19,10 +19,12 @@ T0 = time.perf_counter()
 CASES = [(4, 16, 16, 4096, 128, False, "float16"), (4, 16, 16, 4096, 128, True, "float16"),
          (8, 16, 16, 2048, 64, False, "float16"), (8, 16, 16, 2048, 64, True, "float16"),
          (2, 32, 8, 4096, 128, True, "bfloat16"), (2, 32, 8, 4096, 128, False, "bfloat16")]
-ODD = [(2, 16, 16, 333, 128, True, "float16"), (2, 16, 16, 333, 128, False, "float16"),
+# ODD_D=64: only the odd shapes of that head dim (a config too big at the other one is left out).
+ODD = [o for o in [(2, 16, 16, 333, 128, True, "float16"), (2, 16, 16, 333, 128, False, "float16"),
        (1, 16, 16, 1000, 64, True, "float16"), (3, 16, 16, 77, 64, False, "float16"),
        (1, 16, 16, 4097, 128, True, "float16"), (1, 32, 8, 1000, 128, True, "bfloat16"),
        (1, 16, 16, 128, 64, True, "float16"), (1, 16, 16, 1, 128, False, "float16")]
+       if os.environ.get("ODD_D") is None or o[4] == int(os.environ["ODD_D"])]
 CONFIGS = {
     "overlap 128x128 s2": (K.attention_fwd, (128, 128, 256, 2, True)),
     "overlap 128x128 s1": (K.attention_fwd, (128, 128, 256, 1, True)),

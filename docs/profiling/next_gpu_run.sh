@@ -51,7 +51,7 @@ elif [ "$what" = tests ]; then
   pkgs=$(for p in "$@"; do
     if [ -d tests/golden/$p ] && [ ! -d generated/$p ]; then cp -r tests/golden/$p generated/$p; fi
     echo generated/$p; done)
-  timeout 400 python -m pytest $pkgs -n 15 -q -p no:cacheprovider -p no:benchmark -rf > /tmp/tests.log 2>&1
+  timeout 320 python -m pytest $pkgs -n 15 -q -p no:cacheprovider -p no:benchmark -rf > /tmp/tests.log 2>&1
   echo "pytest rc=$? at $(( $(date +%s) - start )) s" >> $L
   grep -E "passed|failed|FAILED|ERROR" /tmp/tests.log | tail -40 >> $L
   gzip -c /tmp/tests.log > ${OUT:-.}/next_gpu_run-pytest.log.gz
