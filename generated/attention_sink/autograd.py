@@ -705,6 +705,22 @@ def eager(t):
     )
 
 
+# EagerFunction.apply without its Python layer. On the eager path that layer only unwraps tensors
+# left over from finished functorch transforms (eager() has ruled out live transforms, and
+# EagerFunction has no setup_context whose arguments it would bind): ~2-4 us a call. So calls
+# unwrap their tensors with live() and go straight to the C++ apply it ends in; a torch without
+# the unwrapping function takes the public apply.
+if hasattr(torch._C._functorch, "unwrap_if_dead"):
+    live = torch._C._functorch.unwrap_if_dead
+    EAGER_APPLY = super(torch.autograd.Function, EagerFunction).apply
+else:
+
+    def live(t):
+        return t
+
+    EAGER_APPLY = EagerFunction.apply
+
+
 # TMA, which loads the q, k and v tiles, needs every stride but the last and each tensor's start
 # on a 16-byte boundary.
 TMA_ALIGNMENT = 16
@@ -764,7 +780,9 @@ def apply_op(q, k, v, sinks, causal, window, layout, softmax_scale=None):
         default_softmax_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     )
     if eager(q):
-        return EagerFunction.apply(q, k, v, sinks, causal, window or 0, layout, softmax_scale)
+        return EAGER_APPLY(
+            live(q), live(k), live(v), live(sinks), causal, window or 0, layout, softmax_scale
+        )
     return forward_op(q, k, v, sinks, causal, window or 0, layout, softmax_scale)[0]
 
 

@@ -405,11 +405,28 @@ def eager(t):
     )
 
 
+# EagerFunction.apply without its Python layer. On the eager path that layer only unwraps tensors
+# left over from finished functorch transforms (eager() has ruled out live transforms, and
+# EagerFunction has no setup_context whose arguments it would bind): ~2-4 us a call. So calls
+# unwrap their tensors with live() and go straight to the C++ apply it ends in; a torch without
+# the unwrapping function takes the public apply.
+if hasattr(torch._C._functorch, "unwrap_if_dead"):
+    live = torch._C._functorch.unwrap_if_dead
+    EAGER_APPLY = super(torch.autograd.Function, EagerFunction).apply
+else:
+
+    def live(t):
+        return t
+
+    EAGER_APPLY = EagerFunction.apply
+
+
 def apply_op(q, k, v):
     """O by the formula above, without the input checks of linear_attention() (but for alignment,
     which the forward checks)."""
-    function = EagerFunction.apply if eager(q) else forward_op
-    return function(q, k, v)
+    if eager(q):
+        return EAGER_APPLY(live(q), live(k), live(v))
+    return forward_op(q, k, v)
 
 
 def linear_attention(q, k, v):

@@ -484,11 +484,28 @@ def eager(t):
     )
 
 
+# EagerFunction.apply without its Python layer. On the eager path that layer only unwraps tensors
+# left over from finished functorch transforms (eager() has ruled out live transforms, and
+# EagerFunction has no setup_context whose arguments it would bind): ~2-4 us a call. So calls
+# unwrap their tensors with live() and go straight to the C++ apply it ends in; a torch without
+# the unwrapping function takes the public apply.
+if hasattr(torch._C._functorch, "unwrap_if_dead"):
+    live = torch._C._functorch.unwrap_if_dead
+    EAGER_APPLY = super(torch.autograd.Function, EagerFunction).apply
+else:
+
+    def live(t):
+        return t
+
+    EAGER_APPLY = EagerFunction.apply
+
+
 def apply_op(a, b, bias):
     """C by the formula above, with or without a bias, without the input checks of matmul()
     (but for alignment, which the forward checks)."""
-    function = EagerFunction.apply if eager(a) else forward_op
-    return function(a, b, bias)
+    if eager(a):
+        return EAGER_APPLY(live(a), live(b), bias if bias is None else live(bias))
+    return forward_op(a, b, bias)
 
 
 def matmul(a, b, bias):
