@@ -632,6 +632,7 @@ def tune(
                                   dims)
         out.print(f"{plan.source.spec_path}: {len(found)} candidate(s) pass the spec's rules; "
                   "compile check (sm_90a)...", markup=False)
+        started = time.monotonic()
         with scratch_dir() as scratch:
             kernels_path = Path(scratch) / "kernels.py"
             kernels_path.write_text(gen.files["kernels.py"], encoding="utf-8")
@@ -649,6 +650,8 @@ def tune(
                            f"ok, {r.smem_bytes // 1024} KB smem") if r.ok else
                           "failed: " + r.error.splitlines()[-1][:80])
         out.print(table)
+        out.print(f"{len(compiled)} of {len(found)} compile ({time.monotonic() - started:.0f} s)",
+                  markup=False)
         if not compiled:
             raise CheckFailed("no candidate passed the compile check")
         import torch
@@ -666,8 +669,9 @@ def tune(
             os.environ.setdefault("TILELANG_DEFAULT_TARGET", TARGET)
 
         def report(c, ms, problem):
-            out.print(f"  {c.label}: " + (f"{ms:.3f} ms" if ms is not None else problem),
-                      markup=False)
+            # The elapsed time shows what a run under a time limit can expect to finish.
+            out.print(f"  {c.label}: " + (f"{ms:.3f} ms" if ms is not None else problem)
+                      + f"  [{time.monotonic() - started:.0f} s]", markup=False)
 
         times: dict = {}
         cut_off = False

@@ -285,13 +285,15 @@ def not_positive(sizes: dict[str, int]) -> list[str]:
 
 def explain_tables(p: PlanBase, shape: str, grids: dict[str, tuple[int, ...]],
                    sizes: dict[str, int], recomputed_how: str, grads: Table, cost: Table,
-                   kernel_column: tuple[str, dict[str, str]] | None = None) -> list[Table]:
+                   kernel_column: tuple[str, dict[str, str]] | None = None,
+                   tilings: dict[str, dict[str, Any]] | None = None) -> list[Table]:
     """What `explain` prints, in the order of every family: the runtime shape (a title alone),
     the kernels with their grids there (and kernel_column), what the forward saves (sizes: bytes
-    per tensor), the gradient buffers, and what the benchmark divides by (FLOPs or bytes)."""
+    per tensor), the gradient buffers, and what the benchmark divides by (FLOPs or bytes).
+    tilings: the tiling a kernel launches with at this shape, where not its plan's own."""
     return [
         (f"shape: {shape}", []),
-        kernels_table(p.kernels, grids, kernel_column),
+        kernels_table(p.kernels, grids, kernel_column, tilings),
         saved_table(p, sizes, recomputed_how),
         grads,
         cost,
@@ -299,13 +301,15 @@ def explain_tables(p: PlanBase, shape: str, grids: dict[str, tuple[int, ...]],
 
 
 def kernels_table(kernels: dict[str, KernelPlan], grids: dict[str, tuple[int, ...]],
-                  extra: tuple[str, dict[str, str]] | None = None) -> Table:
-    """Each kernel with its grid at the shape, its tiling, an optional extra column (title,
-    value per kernel) and what it computes."""
+                  extra: tuple[str, dict[str, str]] | None = None,
+                  tilings: dict[str, dict[str, Any]] | None = None) -> Table:
+    """Each kernel with its grid at the shape, its tiling there (tilings[key], else its plan's),
+    an optional extra column (title, value per kernel) and what it computes."""
     title, values = extra or ("", {})
+    tilings = tilings or {}
     header = ["factory", "phase", "grid", "tiling", *([title] if extra else []), "computes"]
     rows = [[k.factory, k.phase, f"{k.grid} = {grids[key]}",
-             ", ".join(f"{n}={v}" for n, v in k.tiling.items()),
+             ", ".join(f"{n}={v}" for n, v in tilings.get(key, k.tiling).items()),
              *([values[key]] if extra else []), k.summary]
             for key, k in kernels.items()]
     return "kernels", [header, *rows]

@@ -108,3 +108,18 @@ def test_dsinks_stores_once_per_head(lowered):
     source = lowered["dsinks"]
     assert re.search(r"if \(\(\(int\)threadIdx\.x\) == 0\) \{\s*dSinks\[\(\(int\)blockIdx\.x\)\] = ", source), source
     assert "AtomicAdd" not in source
+
+
+def test_three_consumer_warpgroups_get_160_registers_without_a_warning(capfd):
+    """The D64 forward on 192 query rows (384 threads, three consumer warpgroups beside the TMA
+    producer) states its register split: consumers 160, producer 24 (384 x 160 + 128 x 24 fill
+    the SM's 64512), which TileLang would otherwise pick itself with a warning at every build.
+    Two consumer warpgroups keep TileLang's 240 / 24."""
+    gqa = import_generated("gqa", "kernels")
+    args = (32, 8, 64, False, 0, "bshd", "bfloat16", 0.125)
+    three = lower(gqa.gqa_fwd, args, {"block_m": 192, "block_n": 128, "threads": 384, "num_stages": 1})
+    assert "warpgroup_reg_alloc<160>" in three and "warpgroup_reg_dealloc<24>" in three
+    assert "AnnotateWarpGroupRegAlloc" not in capfd.readouterr().err
+    two = lower(gqa.gqa_fwd, args, {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2,
+                                    "overlap": True})
+    assert "warpgroup_reg_alloc<240>" in two and "warpgroup_reg_dealloc<24>" in two

@@ -68,6 +68,30 @@ def test_short_causal_grid_is_paired(project):
     assert grids == {(7, True): "(4, 8, 2)", (7, False): "(8, 8, 2)", (33, True): "(33, 8, 2)"}
 
 
+def test_tiling_column_is_what_the_shape_launches():
+    """The kernels table shows the tiling each kernel launches with at the shape: the spec's
+    [[tiling.tuned]] entry of its (head_dim, causal), the paired forward's where the grid pairs."""
+    from opgen.families import attention
+    from opgen.render import load_plan
+
+    plan, _ = load_plan(REPO_ROOT / "specs/gqa.toml")
+
+    def tilings(**shape):
+        shape = dict(batch=2, heads=32, kv_heads=8, **shape)
+        rows = dict(attention.explain(plan, shape))["kernels"]
+        return {row[1]: row[3] for row in rows}
+
+    full64 = tilings(seq_len=4096, head_dim=64, causal=False)
+    assert full64["fwd"] == ", ".join(f"{k}={v}" for k, v in plan.tiling_for("fwd", 64, False).items())
+    assert "block_m=192" in full64["fwd"]  # three consumer warpgroups (specs/gqa.toml's entry)
+    assert full64["bwd"] == ", ".join(f"{k}={v}" for k, v in plan.tiling_for("bwd", 64, False).items())
+    long_causal = tilings(seq_len=4096, head_dim=128, causal=True)
+    assert long_causal["fwd"] == ", ".join(
+        f"{k}={v}" for k, v in plan.tiling_for("fwd", 128, True).items())
+    short_causal = tilings(seq_len=1000, head_dim=128, causal=True)
+    assert short_causal["fwd"].endswith("pair_blocks=True") and "overlap" not in short_causal["fwd"]
+
+
 def test_short_window_grid_walks_heads():
     """At a window so short that a query block sees at most two key blocks, a forward block walks
     several query heads, as many as still leave blocks for 7/8 of the SMs (132 assumed, an H200):

@@ -8,7 +8,7 @@ warm-up rounds, then one forward and one backward launch inside NVTX ranges. On 
 
 Shape: MHA fp16 B4 H16 S4096 D128 (attention), GQA bf16 B2 32/8 S4096 D128 (gqa), or the gpt-oss
 shape of attention_sink (`attention_sink window128`: bf16 B1 64/8 S4096 D64, sinks, window 128).
-SEQ=1000 sets the length; SDPA=cudnn runs SDPA's cuDNN forward and backward on the same inputs
+SEQ=1000 sets the length, DIM=64 the head dim (attention, gqa); SDPA=cudnn runs SDPA's cuDNN forward and backward on the same inputs
 instead (profile it with -k regex:"cudnn|sm90")."""
 import importlib
 import os
@@ -21,7 +21,7 @@ name = sys.argv[1] if len(sys.argv) > 1 else "attention"
 causal = len(sys.argv) > 2 and sys.argv[2] == "causal"
 A = importlib.import_module(f"generated.{name}.autograd")
 b, h, kv, dtype = (4, 16, 16, torch.float16) if name == "attention" else (2, 32, 8, torch.bfloat16)
-s, d = int(os.environ.get("SEQ", 4096)), 128
+s, d = int(os.environ.get("SEQ", 4096)), int(os.environ.get("DIM", 128))
 window = None
 extra = ()
 if name == "attention_sink":

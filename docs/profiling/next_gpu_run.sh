@@ -1,25 +1,22 @@
 #!/bin/bash
-# The GPU work session 19 left, one call each (the device allows 600 s per call; a machine's
-# start takes 1-3 of the session's 30 minutes and refused starts count too; carry .gpu, built with
+# The GPU work session 20 left, one call each (the device allows 600 s per call; a machine's
+# start takes 1-3 of the session's 30 minutes and refused starts count too; it is given back
+# 30 s after a call ends, so have the next call ready; carry .gpu, built with
 # `../shared/tools/gpu-bundle flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof).
-#   1. bash docs/profiling/next_gpu_run.sh tests gqa attention attention_sink attention_recompute
-#      (~300 s): the attention packages with the inputs checked once per metadata
-#      (check_new_inputs) and the launch rules moved to opgen/families/attention_launch.py; the
-#      other five packages passed with it (run 83).
-#   2. Wider key blocks in the forward: python docs/profiling/fwd_schedule_probe.py with
-#      CONFIGS="overlap 128x128 s2,overlap 128x176 s2,loop 128x176 s2,overlap 128x160 s2,loop 128x192 s1"
-#      (correctness at odd lengths first, then the six bench shapes against cuDNN). TileLang
-#      gives each consumer warpgroup 240 registers (warpgroup_reg_alloc<240> in the lowered
-#      forward), so a 64 x 176 score tile per warpgroup may fit; the spec's power-of-two rule
-#      for block_n would need to allow multiples of 16 if one wins. Then the D64 cases
-#      (CASES="8,16,16,2048,64,0,float16;8,16,16,2048,64,1,float16") with
-#      CONFIGS="overlap 128x128 s2,overlap 192x128 t384 s2,loop 192x128 t384 s2,loop 192x192 t384 s2":
-#      three consumer warpgroups of 64 rows (they compile on the CPU at D64: 90-123 KB).
-#   3. python docs/profiling/attention_host_ladder.py (~1 min): where gqa's forward host time
-#      goes, at B1 S128 and at the model's B2 16/4 S1024, where the paired kernel alone runs at
-#      309 TF/s and the public function at 147-173 (run 80): the short causal forward through
-#      the public function is host-bound. (matmul's, 1.78x addmm in run 83, is bound by Python's
-#      autograd.Function: a no-launch Function costs 12-19 us.)
+#   1. bash docs/profiling/next_gpu_run.sh tests attention attention_sink attention_recompute
+#      (~250 s): the attention packages with EAGER_APPLY (the eager path calling the C++ apply of
+#      its autograd.Function; run 89 passed gqa and the five other packages on it) and the
+#      forward's explicit 160/24 register split of three consumer warpgroups (the same CUDA as
+#      TileLang's own choice, checked on the CPU).
+#   2. Host rows with a warm TileLang cache: python docs/profiling/lean_eager_check.py twice in one
+#      call (the first builds the kernels; run 89's rows came right after the builds), and
+#      `python -m generated.rmsnorm.bench_rmsnorm --overhead` (and matmul, swiglu, gqa): is the
+#      ~2-4 us EAGER_APPLY saves a call visible against eager / addmm / SDPA?
+#   3. `opgen tune specs/attention_sink.toml --phases fwd --head-dims 64` is not needed (causal
+#      only: 192 query rows lose with a causal mask, run 86); the D64 causal forward (0.77-0.81x
+#      cuDNN kernels alone) is the worst forward gap left: ncu of it next to cuDNN's
+#      (`DIM=64 bash docs/profiling/next_gpu_run.sh ncu attention causal`, and the same with
+#      SDPA=cudnn NCU_KERNELS="cudnn|sm90" for cuDNN's kernels).
 #   4. in_block vs split at small causal grids (B8 16/2 S2048 D64: 0.85x, run 57).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
@@ -43,7 +40,7 @@ if [ "$what" = tune ]; then
     # The whole log straight into $OUT: a call that runs out of time still brings it back.
     timeout ${TUNE_TIMEOUT:-540} python -c "from opgen.cli import app; app()" tune specs/$s.toml -j 16 $TUNE_ARGS > ${OUT:-.}/tune-$s.log 2>&1
     echo "rc=$?" >> $L
-    grep -E "fastest|wrong|failed|candidate|wrote|Error| ms$" ${OUT:-.}/tune-$s.log >> $L
+    grep -E "fastest|wrong|failed|candidate|compile \(|wrote|Error| ms( |$)" ${OUT:-.}/tune-$s.log >> $L
     cp specs/$s.toml ${OUT:-.}/$s.toml
   done
 elif [ "$what" = tests ]; then
@@ -51,7 +48,7 @@ elif [ "$what" = tests ]; then
   pkgs=$(for p in "$@"; do
     if [ -d tests/golden/$p ] && [ ! -d generated/$p ]; then cp -r tests/golden/$p generated/$p; fi
     echo generated/$p; done)
-  timeout 320 python -m pytest $pkgs -n 15 -q -p no:cacheprovider -p no:benchmark -rf > /tmp/tests.log 2>&1
+  timeout ${TESTS_TIMEOUT:-320} python -m pytest $pkgs -n ${TESTS_WORKERS:-15} -q -p no:cacheprovider -p no:benchmark -rf > /tmp/tests.log 2>&1
   echo "pytest rc=$? at $(( $(date +%s) - start )) s" >> $L
   grep -E "passed|failed|FAILED|ERROR" /tmp/tests.log | tail -40 >> $L
   gzip -c /tmp/tests.log > ${OUT:-.}/next_gpu_run-pytest.log.gz
@@ -62,7 +59,7 @@ elif [ "$what" = bench ]; then
 elif [ "$what" = ncu ]; then
   # args: pairs of package and mask, e.g. attention full gqa causal
   while [ $# -gt 1 ]; do
-    timeout 150 ncu --clock-control none -k regex:"^(fwd|bwd)_kernel" --launch-skip 6 --launch-count 2 \
+    timeout 150 ncu --clock-control none -k regex:"${NCU_KERNELS:-^(fwd|bwd)_kernel}" --launch-skip 6 --launch-count 2 \
       --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
       --section ComputeWorkloadAnalysis --section SchedulerStats --section MemoryWorkloadAnalysis \
       python docs/profiling/ncu_attention.py $1 $2 > ${OUT:-.}/ncu-$1-$2.txt 2>&1

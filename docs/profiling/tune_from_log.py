@@ -15,7 +15,7 @@ found = tn.candidates(spec, ["fwd"], None, {64})
 by_label = {c.label: c for c in found}
 times = {}
 for line in log.read_text().splitlines():
-    m = re.match(r"  (fwd .*): ([0-9.]+) ms$", line)
+    m = re.match(r"  (fwd .*): ([0-9.]+) ms(  \[\d+ s\])?$", line)
     if m and m.group(1) in by_label:
         times[by_label[m.group(1)]] = float(m.group(2))
 complete = {v for v in {c.variant for c in found}

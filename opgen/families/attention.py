@@ -872,6 +872,8 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
         ("gradient reductions", [["grad", "reduction", "buffer", "bytes", "why"], *reductions]),
         flops_table(fwd, "4 * B * H * D * visible (query, key) pairs",
                     flops_bwd(fwd), "2.5 x forward (5 GEMMs vs 2)"),
+        tilings={**{key: p.tiling_for(key, d, causal) for key in p.kernels},
+                 "fwd": paired_tiling(fwd_tiling) if paired else fwd_tiling},
     )
 
 
