@@ -597,7 +597,7 @@ def tune(
                                             "their entries."),
 ) -> None:
     """Time the fwd/bwd tilings the spec's rules accept per (head_dim, causal) on this GPU and
-    write the fastest into the spec as [[tiling.tuned]] (a diff is printed). Each candidate is
+    write the fastest into the spec's tiling.tuned table (a diff is printed). Each candidate is
     compile-checked, then checked against the reference before it is timed. Without a GPU (or
     with --dry-run) it lists the candidates and writes nothing. Exit 1 when no candidate is left."""
     import datetime
@@ -641,11 +641,12 @@ def tune(
                 workers=jobs, keep_cache=True)
         compiled = [c for c, r in zip(found, results, strict=True) if r.ok]
         table = Table("head_dim", "causal", "phase", "block_m", "block_n", "threads", "num_stages",
-                      "compile", box=None)
+                      "overlap", "compile", box=None)
         for c, r in zip(found, results, strict=True):
             t = c.tiling_dict
             table.add_row(str(c.head_dim), str(c.causal).lower(), c.phase, str(t["block_m"]),
                           str(t["block_n"]), str(t["threads"]), str(t["num_stages"]),
+                          "yes" if t.get("overlap") else "",
                           ("ok (TileLang's cache)" if r.cached else
                            f"ok, {r.smem_bytes // 1024} KB smem") if r.ok else
                           "failed: " + r.error.splitlines()[-1][:80])

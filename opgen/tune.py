@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator
 from opgen.families.attention import (PHASE_TILING, TUNED_PHASES, AttentionBenchShape,
                                       default_softmax_scale, reductions, tiling_problems)
 from opgen.plan import CompileJob
+from opgen.families.attention_launch import has_paired_forward, paired_tiling
 
 # The candidates of each phase: every combination, in this order (block_m is the query rows of
 # a fwd block and the key rows of a bwd block; block_n the other side of its score tile), times
@@ -292,9 +293,16 @@ def prebuild_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candida
     """Build (or load from TileLang's cache, where the compile check put them) the kernel each
     candidate launches, its compile job, `workers` at a time through the package's parallel
     prebuild, before any is timed: built on first launch they would come one by one. The other
-    phases' kernels are the base tiling's, built by the first run_forward of each variant."""
-    calls = [(getattr(autograd, job.factory), job.args, job.tiling)
-             for job in (compile_job(spec, plan, c) for c in found)]
+    phases' kernels are the base tiling's, built by the first run_forward of each variant.
+    A causal forward candidate's call plan also builds its paired forward (which short calls
+    run): built here too, or each of them would compile alone while the candidates are timed."""
+    calls = []
+    for candidate in found:
+        job = compile_job(spec, plan, candidate)
+        factory = getattr(autograd, job.factory)
+        calls.append((factory, job.args, job.tiling))
+        if candidate.phase == "fwd" and has_paired_forward(candidate.causal, window=0):
+            calls.append((factory, job.args, paired_tiling(job.tiling)))
     for start in range(0, len(calls), workers):
         try:
             autograd.prebuild(calls[start:start + workers])
