@@ -1,23 +1,20 @@
 #!/bin/bash
-# The GPU work session 20 left, one call each (the device allows 600 s per call; a machine's
+# The GPU work session 21 left, one call each (the device allows 600 s per call; a machine's
 # start takes 1-3 of the session's 30 minutes and refused starts count too; it is given back
 # 30 s after a call ends, so have the next call ready; carry .gpu, built with
 # `../shared/tools/gpu-bundle flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof).
-#   1. bash docs/profiling/next_gpu_run.sh tests attention attention_sink attention_recompute
-#      (~250 s): the attention packages with EAGER_APPLY (the eager path calling the C++ apply of
-#      its autograd.Function; run 89 passed gqa and the five other packages on it) and the
-#      forward's explicit 160/24 register split of three consumer warpgroups (the same CUDA as
-#      TileLang's own choice, checked on the CPU).
-#   2. Host rows with a warm TileLang cache: python docs/profiling/lean_eager_check.py twice in one
-#      call (the first builds the kernels; run 89's rows came right after the builds), and
-#      `python -m generated.rmsnorm.bench_rmsnorm --overhead` (and matmul, swiglu, gqa): is the
-#      ~2-4 us EAGER_APPLY saves a call visible against eager / addmm / SDPA?
-#   3. `opgen tune specs/attention_sink.toml --phases fwd --head-dims 64` is not needed (causal
-#      only: 192 query rows lose with a causal mask, run 86); the D64 causal forward (0.77-0.81x
-#      cuDNN kernels alone) is the worst forward gap left: ncu of it next to cuDNN's
-#      (`DIM=64 bash docs/profiling/next_gpu_run.sh ncu attention causal`, and the same with
-#      SDPA=cudnn NCU_KERNELS="cudnn|sm90" for cuDNN's kernels).
-#   4. in_block vs split at small causal grids (B8 16/2 S2048 D64: 0.85x, run 57).
+#   1. The persistent forward prototype (docs/profiling/persistent_fwd.py: one block per SM walks
+#      its tiles longest first, hand-written producer/consumer warpgroups with mbarriers, the
+#      next tile's Q and K/V loading during this tile's epilogue; lowered and compiled for sm_90a
+#      on the CPU, never run): `CONFIGS="128,128,2;128,128,1" timeout 400 python
+#      docs/profiling/persistent_fwd_probe.py` -- correctness at odd lengths against the
+#      package's forward, then TF/s next to it and cuDNN at D64/D128, causal and full. A hang
+#      means a barrier bug (timeout cuts it). D64 causal is the case it is for (0.72-0.79x cuDNN).
+#   2. bash docs/profiling/next_gpu_run.sh tests attention; bench attention: the D128 causal
+#      forward re-tuned to overlap 128x128 s2 (run 94) through the public function (the same
+#      kernel as gqa's, whose tests pass).
+#   3. Host rows stay too noisy to rank 2-4 us changes (runs 89-92): measure them only next to
+#      their baselines in one process, several rounds.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift

@@ -1,0 +1,130 @@
+"""The persistent forward prototype (`persistent_fwd.py`) against the attention package's forward
+(the kernel its calls launch: the paired one up to 16 query blocks when causal) and SDPA's cuDNN
+and flash backends: correctness at odd lengths against the package's forward, then kernel time
+at the bench shapes, on an H200:
+
+    python docs/profiling/persistent_fwd_probe.py
+
+CONFIGS="128,128,2;128,128,1" sets the persistent tilings (block_m, block_n, stages); CASES as in
+fwd_schedule_probe.py. A hang (a barrier protocol bug) is cut by the caller's timeout: run it
+under `timeout`."""
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(__file__))
+import tilelang
+import torch
+import torch.nn.functional as Fn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from generated.attention import autograd as A
+from generated.attention import bench_attention as B
+from persistent_fwd import persistent_fwd
+
+T0 = time.perf_counter()
+CASES = [(16, 16, 16, 1024, 64, True, "float16"), (8, 16, 16, 2048, 64, True, "float16"),
+         (4, 16, 16, 4096, 64, True, "float16"), (2, 16, 16, 8192, 64, True, "float16"),
+         (4, 16, 16, 4096, 64, False, "float16"), (4, 16, 16, 4096, 128, True, "float16"),
+         (4, 16, 16, 4096, 128, False, "float16"), (2, 32, 8, 4096, 128, True, "bfloat16")]
+ODD = [(1, 16, 16, 1000, 64, True, "float16"), (3, 16, 16, 77, 64, False, "float16"),
+       (2, 16, 16, 333, 128, False, "float16"), (1, 32, 8, 1000, 128, True, "bfloat16"),
+       (1, 16, 16, 4097, 128, True, "float16"), (1, 16, 16, 128, 64, True, "float16")]
+if os.environ.get("CASES"):
+    CASES = [(int(b), int(h), int(kv), int(s), int(d), c == "1", dt) for b, h, kv, s, d, c, dt in
+             (case.split(",") for case in os.environ["CASES"].split(";"))]
+CONFIGS = [tuple(int(x) for x in c.split(",")) for c in
+           os.environ.get("CONFIGS", "128,128,2").split(";")]
+SMS = torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def build(key):
+    (b, h, kv, s, d, c, dt), (bm, bn, st) = key
+    if d == 128 and bm * d * 2 * 2 + 2 * st * bn * d * 2 > 227 * 1024:
+        return "too much shared memory"
+    try:
+        return tilelang.compile(persistent_fwd(b, h, kv, s, d, c, dt, bm, bn, st, SMS), out_idx=None)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[-1][:200]}"
+
+
+def package_forward(h, kv, d, c, dt, s):
+    """The forward kernel the package's call launches at this length."""
+    calls = A.variant_calls(h, kv, d, c, 0, "bshd", dt, d ** -0.5, *A.reductions(h, kv))
+    paired = "fwd_pairs" in calls and A.pairs_query_blocks(c, 0, s, calls["fwd"][2]["block_m"])
+    return A.launcher(calls["fwd_pairs" if paired else "fwd"])
+
+
+keys = [(case, config) for case in ODD + CASES for config in CONFIGS]
+with ThreadPoolExecutor(16) as pool:
+    built = dict(zip(keys, pool.map(build, keys)))
+print(f"built {len(built)} persistent kernels in {time.perf_counter() - T0:.0f} s", flush=True)
+for key, k in built.items():
+    if isinstance(k, str):
+        print("BUILD FAILED", key, k)
+
+
+def inputs(b, h, kv, s, d, dt, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = getattr(torch, dt)
+    return [torch.randn(b, s, n, d, device="cuda", dtype=dtype, generator=g) for n in (h, kv, kv)]
+
+
+def launch(entry, q, k, v):
+    b, s, h, d = q.shape
+    o = torch.empty_like(q)
+    lse = torch.empty(b, h, (s + 7) // 8 * 8, device="cuda")
+    entry(q, k, v, o, lse)
+    return o, lse
+
+
+print("# correctness vs the package's forward (max abs diff of O; of lse over real rows)")
+bad = 0
+for case in ODD + CASES[:1]:
+    b, h, kv, s, d, c, dt = case
+    q, k, v = inputs(b, h, kv, s, d, dt, 1)
+    ref_o, ref_lse = launch(package_forward(h, kv, d, c, dt, s), q, k, v)
+    for config in CONFIGS:
+        kernel = built[(case, config)]
+        if isinstance(kernel, str):
+            continue
+        o, lse = launch(kernel, q, k, v)
+        torch.cuda.synchronize()
+        do = (o.float() - ref_o.float()).abs().max().item()
+        dl = (lse[..., :s] - ref_lse[..., :s]).abs().max().item()
+        ok = do < 2e-2 and dl < 1e-3 and torch.isfinite(o).all().item()
+        bad += not ok
+        print(f"{'ok ' if ok else 'BAD'} {config} B{b} H{h}/{kv} S{s} D{d} causal={c} {dt}: "
+              f"O {do:.2e} lse {dl:.2e}", flush=True)
+print("all correct" if not bad else f"{bad} WRONG")
+
+names = [f"persistent {bm}x{bn} s{st}" for bm, bn, st in CONFIGS]
+print("| case | package | " + " | ".join(names) + " | cuDNN | flash |")
+print("|---" * (4 + len(names)) + "|")
+for case in CASES:
+    b, h, kv, s, d, c, dt = case
+    q, k, v = inputs(b, h, kv, s, d, dt)
+    flops = 4 * b * h * d * (s * (s + 1) / 2 if c else s * s)
+    row = []
+    for entry in [package_forward(h, kv, d, c, dt, s)] + [built[(case, cf)] for cf in CONFIGS]:
+        if isinstance(entry, str):
+            row.append("failed")
+            continue
+        o = torch.empty_like(q)
+        lse = torch.empty(b, h, (s + 7) // 8 * 8, device="cuda")
+        ms = B.stream_ms(lambda: entry(q, k, v, o, lse))
+        row.append(f"{flops / ms / 1e9:.0f}")
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
+        try:
+            with sdpa_kernel(backend):
+                ms = B.stream_ms(lambda: Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=c,
+                                                                          enable_gqa=h != kv))
+            row.append(f"{flops / ms / 1e9:.0f}")
+        except Exception:
+            row.append("n/a")
+    print(f"| B{b} H{h}/{kv} S{s} D{d} {'causal' if c else 'full'} {dt} | " + " | ".join(row) + " |",
+          flush=True)
+print(f"done in {time.perf_counter() - T0:.0f} s")
