@@ -12,7 +12,10 @@ Layout bshd, O and lse as the package's forward writes them (lse: log2 domain of
 scores, [batch, heads, padded rows]). Static shapes (a factory argument each): a probe.
 
     persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=128, block_n=128,
-                   stages=2, sms=132)
+                   stages=2, sms=132, overlap=False)
+
+overlap=True: each key step issues this block's scores and the previous block's PV product as
+async WGMMA together (the package's `overlap = true` schedule); else GEMM, softmax, GEMM.
 
 returns the prim_func; compile with tilelang.compile(func, out_idx=None) and call it with
 (q, k, v, o, lse). Lowered for sm_90a on the CPU by `python docs/profiling/persistent_fwd.py`.
@@ -27,7 +30,7 @@ LOG2E = 1.4426950408889634
 
 
 def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=128, block_n=128,
-                   stages=2, sms=132):
+                   stages=2, sms=132, overlap=False):
     accum = "float"
     groups = heads // kv_heads
     scale = dim ** -0.5 * LOG2E
@@ -59,6 +62,40 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
         pair = t // (section * n_query) * section + in_section % section
         return (n_query - 1 - rank if causal else rank), pair % heads, pair // heads
 
+    score_regs = block_m * block_n // consumers
+    out_regs = block_m * dim // consumers
+
+    @T.macro
+    def init_scores(acc_s, qb, kb):
+        """-inf where the query does not see the key, else 0; the score GEMM adds to it. Only
+        tiles on the causal diagonal or past the sequence's end pay for the mask."""
+        if (causal and (kb + 1) * block_n > qb * block_m) or (kb + 1) * block_n > seq_len:
+            for r, c in T.Parallel(block_m, block_n):
+                q_idx = qb * block_m + r
+                k_idx = kb * block_n + c
+                if causal:
+                    acc_s[r, c] = T.if_then_else(T.And(k_idx < seq_len, q_idx >= k_idx), 0,
+                                                 -T.infinity(accum))
+                else:
+                    acc_s[r, c] = T.if_then_else(k_idx < seq_len, 0, -T.infinity(accum))
+        else:
+            T.clear(acc_s)
+
+    @T.macro
+    def softmax(acc_s, row_max, row_max_prev, row_rescale, row_sum, row_denom):
+        """acc_s to probabilities against the running row max; the denominators rescaled and
+        summed; row_rescale is the factor O must be scaled by."""
+        T.copy(row_max, row_max_prev)
+        T.reduce_max(acc_s, row_max, dim=1, clear=False)
+        for r in T.Parallel(block_m):
+            # (prev - max) * scale: a finite start minus a max stays finite (no inf - inf).
+            row_rescale[r] = T.exp2((row_max_prev[r] - row_max[r]) * scale)
+        for r, c in T.Parallel(block_m, block_n):
+            acc_s[r, c] = T.exp2(acc_s[r, c] * scale - row_max[r] * scale)
+        T.reduce_sum(acc_s, row_sum, dim=1)
+        for r in T.Parallel(block_m):
+            row_denom[r] = row_denom[r] * row_rescale[r] + row_sum[r]
+
     @T.prim_func
     def fwd(
         Q: T.Tensor([batch, seq_len, heads, dim], dtype),
@@ -81,12 +118,14 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
             row_denom = T.alloc_fragment([block_m], accum)
             # full: every producer thread arrived after the elected one set the expected bytes
             # (T.tma_copy sets them, it does not arrive) and the bytes landed; empty: every
-            # consumer thread is done reading the buffer.
+            # consumer thread is done reading the buffer. K and V have rings of their own: the
+            # overlapped schedule reads K of block j next to V of block j - 1.
             q_full = T.alloc_barrier([128, 128])
             q_empty = T.alloc_barrier([consumers, consumers])
             k_full = T.alloc_barrier([128] * stages)
             v_full = T.alloc_barrier([128] * stages)
-            kv_empty = T.alloc_barrier([consumers] * stages)
+            k_empty = T.alloc_barrier([consumers] * stages)
+            v_empty = T.alloc_barrier([consumers] * stages)
             my_tiles = T.ceildiv(tiles - bid, grid)
             tx = T.get_thread_binding()
 
@@ -103,18 +142,21 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
                     T.barrier_arrive(q_full[i % 2])
                     for kb in T.serial(key_end(qb)):
                         s = step % stages
-                        T.barrier_wait(kv_empty[s], ((step // stages) & 1) ^ 1)
+                        phase = ((step // stages) & 1) ^ 1
+                        T.barrier_wait(k_empty[s], phase)
                         T.tma_copy(K[b, kb * block_n:(kb + 1) * block_n, h // groups, :],
                                    K_shared[s, :, :], barrier=k_full[s])
                         T.barrier_arrive(k_full[s])
+                        T.barrier_wait(v_empty[s], phase)
                         T.tma_copy(V[b, kb * block_n:(kb + 1) * block_n, h // groups, :],
                                    V_shared[s, :, :], barrier=v_full[s])
                         T.barrier_arrive(v_full[s])
                         step += 1
-
             else:
                 T.inc_max_nreg(240)
-                step = T.alloc_var("int32", init=0)
+                # K blocks and V blocks consumed so far, over all tiles: ring slot and phase.
+                k_step = T.alloc_var("int32", init=0)
+                v_step = T.alloc_var("int32", init=0)
                 for i in T.serial(my_tiles):
                     qb, h, b = decode(bid + i * grid)
                     end = key_end(qb)
@@ -122,35 +164,64 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
                     T.fill(row_denom, 0)
                     T.fill(row_max, -1e30)
                     T.barrier_wait(q_full[i % 2], (i // 2) & 1)
-                    for kb in T.serial(end):
-                        s = step % stages
-                        T.barrier_wait(k_full[s], (step // stages) & 1)
-                        T.clear(acc_s)
-                        T.gemm(Q_shared[i % 2, :, :], K_shared[s, :, :], acc_s, transpose_B=True,
-                               policy=T.GemmWarpPolicy.FullRow)
-                        # Only tiles on the diagonal or past the sequence's end are masked.
-                        if (kb + 1) * block_n > qb * block_m or (kb + 1) * block_n > seq_len:
-                            for r, c in T.Parallel(block_m, block_n):
-                                q_idx = qb * block_m + r
-                                k_idx = kb * block_n + c
-                                visible = (k_idx < seq_len) and (q_idx >= k_idx) if causal else k_idx < seq_len
-                                acc_s[r, c] = T.if_then_else(visible, acc_s[r, c], -T.infinity(accum))
-                        T.copy(row_max, row_max_prev)
-                        T.reduce_max(acc_s, row_max, dim=1, clear=False)
-                        for r in T.Parallel(block_m):
-                            row_rescale[r] = T.exp2((row_max_prev[r] - row_max[r]) * scale)
-                        for r, c in T.Parallel(block_m, block_n):
-                            acc_s[r, c] = T.exp2(acc_s[r, c] * scale - row_max[r] * scale)
-                        T.reduce_sum(acc_s, row_sum, dim=1)
-                        for r in T.Parallel(block_m):
-                            row_denom[r] = row_denom[r] * row_rescale[r] + row_sum[r]
-                        for r, c in T.Parallel(block_m, dim):
-                            acc_o[r, c] *= row_rescale[r]
-                        T.copy(acc_s, acc_p)
-                        T.barrier_wait(v_full[s], (step // stages) & 1)
-                        T.gemm(acc_p, V_shared[s, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
-                        T.barrier_arrive(kv_empty[s])
-                        step += 1
+                    if overlap:
+                        # Step j issues the scores of key block j and the PV product of block
+                        # j - 1 together: the tensor cores run PV during this block's softmax.
+                        T.clear(acc_p)
+                        for j in T.serial(end + 1):
+                            if j < end:
+                                ks = k_step % stages
+                                init_scores(acc_s, qb, j)
+                                T.barrier_wait(k_full[ks], (k_step // stages) & 1)
+                                T.wgmma_gemm(Q_shared[i % 2, :, :], K_shared[ks, :, :], acc_s,
+                                             transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                                if j > 0:
+                                    vs = v_step % stages
+                                    T.barrier_wait(v_full[vs], (v_step // stages) & 1)
+                                    T.wgmma_gemm(acc_p, V_shared[vs, :, :], acc_o,
+                                                 policy=T.GemmWarpPolicy.FullRow)
+                                    T.wait_wgmma(1)  # the scores; PV may still run
+                                else:
+                                    T.wait_wgmma(0)
+                                T.warpgroup_fence_operand(acc_s, num_regs=score_regs)
+                                T.barrier_arrive(k_empty[ks])
+                                k_step += 1
+                                softmax(acc_s, row_max, row_max_prev, row_rescale, row_sum,
+                                        row_denom)
+                                T.wait_wgmma(0)
+                                T.warpgroup_fence_operand(acc_o, num_regs=out_regs)
+                                if j > 0:
+                                    T.barrier_arrive(v_empty[v_step % stages])
+                                    v_step += 1
+                                # O holds blocks up to j - 1: rescaled to this block's max.
+                                for r, c in T.Parallel(block_m, dim):
+                                    acc_o[r, c] *= row_rescale[r]
+                                T.copy(acc_s, acc_p)
+                            else:
+                                vs = v_step % stages
+                                T.barrier_wait(v_full[vs], (v_step // stages) & 1)
+                                T.wgmma_gemm(acc_p, V_shared[vs, :, :], acc_o,
+                                             policy=T.GemmWarpPolicy.FullRow)
+                                T.wait_wgmma(0)
+                                T.warpgroup_fence_operand(acc_o, num_regs=out_regs)
+                                T.barrier_arrive(v_empty[vs])
+                                v_step += 1
+                    else:
+                        for kb in T.serial(end):
+                            s = k_step % stages
+                            init_scores(acc_s, qb, kb)
+                            T.barrier_wait(k_full[s], (k_step // stages) & 1)
+                            T.gemm(Q_shared[i % 2, :, :], K_shared[s, :, :], acc_s,
+                                   transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                            T.barrier_arrive(k_empty[s])
+                            softmax(acc_s, row_max, row_max_prev, row_rescale, row_sum, row_denom)
+                            for r, c in T.Parallel(block_m, dim):
+                                acc_o[r, c] *= row_rescale[r]
+                            T.copy(acc_s, acc_p)
+                            T.barrier_wait(v_full[s], (k_step // stages) & 1)
+                            T.gemm(acc_p, V_shared[s, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                            T.barrier_arrive(v_empty[s])
+                            k_step += 1
                     T.barrier_arrive(q_empty[i % 2])
                     for r, c in T.Parallel(block_m, dim):
                         acc_o[r, c] /= row_denom[r]
@@ -163,7 +234,8 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
 
 if __name__ == "__main__":
     os.environ.setdefault("TILELANG_DEFAULT_TARGET", '{"kind": "cuda", "arch": "sm_90a"}')
-    args = dict(batch=4, heads=16, kv_heads=16, seq_len=4096, dim=64, causal=True, dtype="float16")
+    args = dict(batch=4, heads=16, kv_heads=16, seq_len=4096, dim=64, causal=True, dtype="float16",
+                overlap=os.environ.get("OVERLAP") == "1")
     kernel = tilelang.compile(persistent_fwd(**args), out_idx=None)
     source = kernel.get_kernel_source()
     out = os.environ.get("OUT_CU", "/tmp/persistent_fwd.cu")

@@ -5,7 +5,8 @@ at the bench shapes, on an H200:
 
     python docs/profiling/persistent_fwd_probe.py
 
-CONFIGS="128,128,2;128,128,1" sets the persistent tilings (block_m, block_n, stages); CASES as in
+CONFIGS="128,128,2,0;128,128,2,1" sets the persistent variants (block_m, block_n, stages,
+overlap 0/1; the default: both schedules at 128x128 with 2 stages); CASES as in
 fwd_schedule_probe.py. A hang (a barrier protocol bug) is cut by the caller's timeout: run it
 under `timeout`."""
 import os
@@ -36,16 +37,17 @@ if os.environ.get("CASES"):
     CASES = [(int(b), int(h), int(kv), int(s), int(d), c == "1", dt) for b, h, kv, s, d, c, dt in
              (case.split(",") for case in os.environ["CASES"].split(";"))]
 CONFIGS = [tuple(int(x) for x in c.split(",")) for c in
-           os.environ.get("CONFIGS", "128,128,2").split(";")]
+           os.environ.get("CONFIGS", "128,128,2,0;128,128,2,1").split(";")]
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def build(key):
-    (b, h, kv, s, d, c, dt), (bm, bn, st) = key
+    (b, h, kv, s, d, c, dt), (bm, bn, st, ov) = key
     if d == 128 and bm * d * 2 * 2 + 2 * st * bn * d * 2 > 227 * 1024:
         return "too much shared memory"
     try:
-        return tilelang.compile(persistent_fwd(b, h, kv, s, d, c, dt, bm, bn, st, SMS), out_idx=None)
+        return tilelang.compile(persistent_fwd(b, h, kv, s, d, c, dt, bm, bn, st, SMS, bool(ov)),
+                                out_idx=None)
     except Exception as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[-1][:200]}"
 
@@ -100,7 +102,7 @@ for case in ODD + CASES[:1]:
               f"O {do:.2e} lse {dl:.2e}", flush=True)
 print("all correct" if not bad else f"{bad} WRONG")
 
-names = [f"persistent {bm}x{bn} s{st}" for bm, bn, st in CONFIGS]
+names = [f"persistent {'overlap' if ov else 'loop'} {bm}x{bn} s{st}" for bm, bn, st, ov in CONFIGS]
 print("| case | package | " + " | ".join(names) + " | cuDNN | flash |")
 print("|---" * (4 + len(names)) + "|")
 for case in CASES:
