@@ -9,7 +9,7 @@ key step is lowered to plain loads by the consumer threads (checked on the CPU),
 and the barriers are written out here with T.ws, T.tma_copy and mbarriers.
 
 Layout bshd, O and lse as the package's forward writes them (lse: log2 domain of the scaled
-scores, [batch, heads, padded rows]). Static shapes (a factory argument each): a probe.
+scores, [batch, heads, padded rows]).
 
     persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=128, block_n=128,
                    stages=2, sms=132, overlap=False)
@@ -18,9 +18,9 @@ overlap=True: each key step issues this block's scores and the previous block's 
 async WGMMA together (the package's `overlap = true` schedule); else GEMM, softmax, GEMM.
 
 returns the prim_func; compile with tilelang.compile(func, out_idx=None) and call it with
-(q, k, v, o, lse). Lowered for sm_90a on the CPU by `python docs/profiling/persistent_fwd.py`.
+(q, k, v, o, lse, section_pairs(batch, heads, kv_heads, seq_len, dim)). batch=None and
+seq_len=None build it for every batch and length (symbolic dims, as the package's kernels). Lowered for sm_90a on the CPU by `python docs/profiling/persistent_fwd.py`.
 """
-import math
 import os
 
 import tilelang
@@ -29,34 +29,41 @@ import tilelang.language as T
 LOG2E = 1.4426950408889634
 
 
+def section_pairs(batch, heads, kv_heads, seq_len, dim):
+    """How many (batch, head) pairs a section of tiles holds: the most, dividing batch * heads,
+    whose K and V fit in 16 MB (a third of L2), so the ~132 tiles in flight share their keys
+    there. (Query-block-major over all pairs, at B4 H16 S4096 D64 the tiles in flight would read
+    64 MB of K and V, more than L2.) A host-side rule: the kernel takes it as an argument."""
+    pairs = heads * batch
+    kv_bytes = seq_len * dim * 2 * 2  # K and V of one KV head, 2-byte elements
+    budget = max(1, (16 << 20) * (heads // kv_heads) // kv_bytes)
+    return max(d for d in range(1, pairs + 1) if pairs % d == 0 and d <= budget)
+
+
 def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=128, block_n=128,
                    stages=2, sms=132, overlap=False):
     accum = "float"
     groups = heads // kv_heads
     scale = dim ** -0.5 * LOG2E
-    n_query = math.ceil(seq_len / block_m)
-    n_key = math.ceil(seq_len / block_n)
-    padded = (seq_len + 7) // 8 * 8
+    if batch is None:  # symbolic batch and length, as the package's kernels take them
+        batch, seq_len, padded = T.dynamic("batch"), T.dynamic("seq_len"), T.dynamic("padded_rows")
+    else:
+        padded = (seq_len + 7) // 8 * 8
+    n_query = T.ceildiv(seq_len, block_m)
+    n_key = T.ceildiv(seq_len, block_n)
     tiles = n_query * heads * batch
-    grid = min(sms, tiles)
+    grid = T.min(sms, tiles)
     consumers = 256  # two warpgroups of 64 query rows each
 
     def key_end(qb):
         """Key blocks [0, end) query block qb sees."""
         return T.min(T.ceildiv((qb + 1) * block_m, block_n), n_key) if causal else n_key
 
-    # Tiles in sections of `section` (batch, head) pairs whose K and V fit in a third of L2
-    # together: the ~132 tiles in flight share their keys there. (Query-block-major over all
-    # pairs, at B4 H16 S4096 D64 the tiles in flight read 64 MB of K and V, more than L2.)
-    pairs = heads * batch
-    kv_bytes = seq_len * dim * 2 * 2  # K and V of one KV head, 2-byte elements
-    budget = max(1, (16 << 20) * groups // kv_bytes)
-    section = max(d for d in range(1, pairs + 1) if pairs % d == 0 and d <= budget)
-
-    def decode(t):
-        """(query block, head, batch) of tile t: section by section, and in a section query
-        block by query block, the longest first when causal, so that each section's last tiles,
-        and the grid's, are its shortest."""
+    def decode(t, section):
+        """(query block, head, batch) of tile t, in sections of `section` (batch, head) pairs
+        (section_pairs): section by section, and in a section query block by query block, the
+        longest first when causal, so that each section's last tiles, and the grid's, are its
+        shortest."""
         in_section = t % (section * n_query)
         rank = in_section // section
         pair = t // (section * n_query) * section + in_section % section
@@ -103,6 +110,7 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
         V: T.Tensor([batch, seq_len, kv_heads, dim], dtype),
         O: T.Tensor([batch, seq_len, heads, dim], dtype),
         lse: T.Tensor([batch, heads, padded], accum),
+        section: T.int32,
     ):
         with T.Kernel(grid, threads=128 + consumers) as bid:
             Q_shared = T.alloc_shared([2, block_m, dim], dtype)
@@ -135,7 +143,7 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
                 T.dec_max_nreg(24)
                 step = T.alloc_var("int32", init=0)
                 for i in T.serial(my_tiles):
-                    qb, h, b = decode(bid + i * grid)
+                    qb, h, b = decode(bid + i * grid, section)
                     T.barrier_wait(q_empty[i % 2], ((i // 2) & 1) ^ 1)
                     T.tma_copy(Q[b, qb * block_m:(qb + 1) * block_m, h, :], Q_shared[i % 2, :, :],
                                barrier=q_full[i % 2])
@@ -158,7 +166,7 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
                 k_step = T.alloc_var("int32", init=0)
                 v_step = T.alloc_var("int32", init=0)
                 for i in T.serial(my_tiles):
-                    qb, h, b = decode(bid + i * grid)
+                    qb, h, b = decode(bid + i * grid, section)
                     end = key_end(qb)
                     T.fill(acc_o, 0)
                     T.fill(row_denom, 0)
@@ -234,7 +242,9 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
 
 if __name__ == "__main__":
     os.environ.setdefault("TILELANG_DEFAULT_TARGET", '{"kind": "cuda", "arch": "sm_90a"}')
-    args = dict(batch=4, heads=16, kv_heads=16, seq_len=4096, dim=64, causal=True, dtype="float16",
+    dynamic = os.environ.get("DYNAMIC") == "1"
+    args = dict(batch=None if dynamic else 4, heads=16, kv_heads=16,
+                seq_len=None if dynamic else 4096, dim=64, causal=True, dtype="float16",
                 overlap=os.environ.get("OVERLAP") == "1")
     kernel = tilelang.compile(persistent_fwd(**args), out_idx=None)
     source = kernel.get_kernel_source()

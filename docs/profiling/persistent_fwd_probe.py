@@ -5,8 +5,9 @@ at the bench shapes, on an H200:
 
     python docs/profiling/persistent_fwd_probe.py
 
-CONFIGS="128,128,2,0;128,128,2,1" sets the persistent variants (block_m, block_n, stages,
-overlap 0/1; the default: both schedules at 128x128 with 2 stages); CASES as in
+CONFIGS="128,128,2,0,0;128,128,2,1,1" sets the persistent variants (block_m, block_n, stages,
+overlap 0/1, symbolic batch and length 0/1; the default: both schedules at 128x128 with 2
+stages for the shape, and the overlapped one for every shape); CASES as in
 fwd_schedule_probe.py. A hang (a barrier protocol bug) is cut by the caller's timeout: run it
 under `timeout`."""
 import os
@@ -23,7 +24,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from generated.attention import autograd as A
 from generated.attention import bench_attention as B
-from persistent_fwd import persistent_fwd
+from persistent_fwd import persistent_fwd, section_pairs
+import threading
+
+DYNAMIC, DYNAMIC_LOCK = {}, threading.Lock()
 
 T0 = time.perf_counter()
 CASES = [(16, 16, 16, 1024, 64, True, "float16"), (8, 16, 16, 2048, 64, True, "float16"),
@@ -37,19 +41,30 @@ if os.environ.get("CASES"):
     CASES = [(int(b), int(h), int(kv), int(s), int(d), c == "1", dt) for b, h, kv, s, d, c, dt in
              (case.split(",") for case in os.environ["CASES"].split(";"))]
 CONFIGS = [tuple(int(x) for x in c.split(",")) for c in
-           os.environ.get("CONFIGS", "128,128,2,0;128,128,2,1").split(";")]
+           os.environ.get("CONFIGS", "128,128,2,0,0;128,128,2,1,0;128,128,2,1,1").split(";")]
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def build(key):
-    (b, h, kv, s, d, c, dt), (bm, bn, st, ov) = key
-    if d == 128 and bm * d * 2 * 2 + 2 * st * bn * d * 2 > 227 * 1024:
+    (b, h, kv, s, d, c, dt), (bm, bn, st, ov, dyn) = key
+    if bm * d * 2 * 2 + 2 * st * bn * d * 2 > 227 * 1024:
         return "too much shared memory"
     try:
-        return tilelang.compile(persistent_fwd(b, h, kv, s, d, c, dt, bm, bn, st, SMS, bool(ov)),
-                                out_idx=None)
+        if dyn:  # one kernel for every batch and length: the first case's build serves the rest
+            with DYNAMIC_LOCK:
+                variant = (h, kv, d, c, dt, bm, bn, st, ov)
+                if variant not in DYNAMIC:
+                    DYNAMIC[variant] = tilelang.compile(
+                        persistent_fwd(None, h, kv, None, d, c, dt, bm, bn, st, SMS, bool(ov)),
+                        out_idx=None)
+                kernel = DYNAMIC[variant]
+        else:
+            kernel = tilelang.compile(persistent_fwd(b, h, kv, s, d, c, dt, bm, bn, st, SMS, bool(ov)),
+                                      out_idx=None)
     except Exception as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[-1][:200]}"
+    section = section_pairs(b, h, kv, s, d)
+    return lambda q, k, v, o, lse: kernel(q, k, v, o, lse, section)
 
 
 def package_forward(h, kv, d, c, dt, s):
@@ -102,7 +117,8 @@ for case in ODD + CASES[:1]:
               f"O {do:.2e} lse {dl:.2e}", flush=True)
 print("all correct" if not bad else f"{bad} WRONG")
 
-names = [f"persistent {'overlap' if ov else 'loop'} {bm}x{bn} s{st}" for bm, bn, st, ov in CONFIGS]
+names = [f"persistent {'overlap' if ov else 'loop'} {bm}x{bn} s{st}{' dyn' if dyn else ''}"
+         for bm, bn, st, ov, dyn in CONFIGS]
 print("| case | package | " + " | ".join(names) + " | cuDNN | flash |")
 print("|---" * (4 + len(names)) + "|")
 for case in CASES:
