@@ -97,6 +97,21 @@ def launch(entry, q, k, v):
     return o, lse
 
 
+def synchronize(what, seconds=20):
+    """torch.cuda.synchronize(), or exit 3 naming `what` if the GPU does not finish in time: a
+    barrier protocol bug hangs the kernel, and a hung sync never returns to Python."""
+    done = threading.Event()
+
+    def watchdog():
+        if not done.wait(seconds):
+            print(f"HANG: {what} did not finish in {seconds} s", flush=True)
+            os._exit(3)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    torch.cuda.synchronize()
+    done.set()
+
+
 print("# correctness vs the package's forward (max abs diff of O; of lse over real rows)")
 bad = 0
 for case in ODD + CASES[:1]:
@@ -108,7 +123,7 @@ for case in ODD + CASES[:1]:
         if isinstance(kernel, str):
             continue
         o, lse = launch(kernel, q, k, v)
-        torch.cuda.synchronize()
+        synchronize(f"{config} at B{b} H{h}/{kv} S{s} D{d} causal={c}")
         do = (o.float() - ref_o.float()).abs().max().item()
         dl = (lse[..., :s] - ref_lse[..., :s]).abs().max().item()
         ok = do < 2e-2 and dl < 1e-3 and torch.isfinite(o).all().item()
