@@ -17,9 +17,11 @@ scores, [batch, heads, padded rows]).
 overlap=True: each key step issues this block's scores and the previous block's PV product as
 async WGMMA together (the package's `overlap = true` schedule); else GEMM, softmax, GEMM.
 
-returns the prim_func; compile with tilelang.compile(func, out_idx=None) and call it with
+It returns the prim_func; compile it with tilelang.compile(func, out_idx=None) and call it with
 (q, k, v, o, lse, section_pairs(batch, heads, kv_heads, seq_len, dim)). batch=None and
-seq_len=None build it for every batch and length (symbolic dims, as the package's kernels). Lowered for sm_90a on the CPU by `python docs/profiling/persistent_fwd.py`.
+seq_len=None build it for every batch and length (symbolic dims, as the package's kernels).
+`python docs/profiling/persistent_fwd.py` lowers and compiles it for sm_90a on the CPU
+(DYNAMIC=1, OVERLAP=1 for those variants; the CUDA goes to $OUT_CU).
 """
 import os
 
