@@ -10,10 +10,17 @@
 #      docs/profiling/persistent_fwd_probe.py` -- correctness at odd lengths against the
 #      package's forward, then TF/s next to it and cuDNN at D64/D128, causal and full. A hang
 #      means a barrier bug (timeout cuts it). D64 causal is the case it is for (0.72-0.79x cuDNN).
-#   2. bash docs/profiling/next_gpu_run.sh tests attention; bench attention: the D128 causal
-#      forward re-tuned to overlap 128x128 s2 (run 94) through the public function (the same
-#      kernel as gqa's, whose tests pass).
-#   3. Host rows stay too noisy to rank 2-4 us changes (runs 89-92): measure them only next to
+#   2. Every package's tests: the eager path now runs EagerFunction.forward alone where no input
+#      needs a gradient (NO_GRAD; new generated test test_forward_without_gradients_is_the_
+#      training_forward; CPU-tested on empty work only). A fresh machine builds every kernel:
+#      TESTS_TIMEOUT=540 bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink
+#      attention_recompute, then (warm) tests matmul rmsnorm swiglu scaled_silu linear_attention
+#      swiglu_fused attention_tuned.
+#   3. bench attention: the D128 causal forward re-tuned to overlap 128x128 s2 (run 94) through
+#      the public function (the same kernel as gqa's, whose tests pass); and the no-grad host
+#      rows: `python -m generated.matmul.bench_matmul --overhead` under torch.no_grad vs addmm
+#      (~3 us a call saved on this CPU).
+#   4. Host rows stay too noisy to rank 2-4 us changes (runs 89-92): measure them only next to
 #      their baselines in one process, several rounds.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."

@@ -201,27 +201,30 @@ def host_us(fn, calls=300):
 
 def host_overhead(records):
     """Each implementation's host time per call at a tiny shape: what a model pays per layer when
-    the kernels are short."""
+    the kernels are short. fwd: inputs that need gradients (training); eval fwd: the same call
+    under torch.no_grad (evaluation, inference)."""
     fns, inputs, grad = tiny_case()
     print(f"\n# host time per call at a tiny shape ({TINY}), us")
-    print("| implementation | fwd us | fwd+bwd us |")
-    print("|---|---|---|")
+    print("| implementation | fwd us | eval fwd us | fwd+bwd us |")
+    print("|---|---|---|---|")
     case = {"shape": TINY}
     for name, fn in fns.items():
         if isinstance(fn, str):
-            print(f"| {name} | {fn} | |")
+            print(f"| {name} | {fn} | | |")
             records.add("host overhead", case, name, error=fn.removeprefix("n/a: "))
             continue
         try:
             fwd = host_us(lambda: fn(*inputs))
+            with torch.no_grad():
+                evaluated = host_us(lambda: fn(*inputs))
             both = host_us(lambda: torch.autograd.grad(fn(*inputs), inputs, grad))
         except Exception as exc:  # a baseline missing on this machine is reported, not fatal
             reason = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
-            print(f"| {name} | n/a: {reason} | |")
+            print(f"| {name} | n/a: {reason} | | |")
             records.add("host overhead", case, name, error=reason)
             continue
-        print(f"| {name} | {fwd:.1f} | {both:.1f} |")
-        records.add("host overhead", case, name, fwd_us=fwd, fwd_bwd_us=both)
+        print(f"| {name} | {fwd:.1f} | {evaluated:.1f} | {both:.1f} |")
+        records.add("host overhead", case, name, fwd_us=fwd, eval_fwd_us=evaluated, fwd_bwd_us=both)
     records.save()
     sys.stdout.flush()
 

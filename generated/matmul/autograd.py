@@ -500,11 +500,33 @@ else:
     EAGER_APPLY = EagerFunction.apply
 
 
+class NoGradContext:
+    """The ctx of EagerFunction.forward called alone, where no input needs a gradient (under
+    torch.no_grad or inference_mode, or with frozen inputs): no backward will run, so it keeps
+    nothing. Skipping the apply saves ~3 us a call."""
+
+    __slots__ = ()
+
+    def save_for_backward(self, *tensors):
+        pass
+
+    def __setattr__(self, name, value):
+        pass
+
+
+NO_GRAD = NoGradContext()
+
+
 def apply_op(a, b, bias):
     """C by the formula above, with or without a bias, without the input checks of matmul()
     (but for alignment, which the forward checks)."""
     if eager(a):
-        return EAGER_APPLY(live(a), live(b), bias if bias is None else live(bias))
+        args = (live(a), live(b), bias if bias is None else live(bias))
+        if torch.is_grad_enabled() and (
+            a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)
+        ):
+            return EAGER_APPLY(*args)
+        return EagerFunction.forward(NO_GRAD, *args)
     return forward_op(a, b, bias)
 
 

@@ -454,10 +454,30 @@ else:
     EAGER_APPLY = EagerFunction.apply
 
 
+class NoGradContext:
+    """The ctx of EagerFunction.forward called alone, where no input needs a gradient (under
+    torch.no_grad or inference_mode, or with frozen inputs): no backward will run, so it keeps
+    nothing. Skipping the apply saves ~3 us a call."""
+
+    __slots__ = ()
+
+    def save_for_backward(self, *tensors):
+        pass
+
+    def __setattr__(self, name, value):
+        pass
+
+
+NO_GRAD = NoGradContext()
+
+
 def apply_op(x, w, save_rstd, dw_reduction):
     """y by the formula above for any variant, without the input checks of rmsnorm()."""
     if eager(x):
-        return EAGER_APPLY(live(x), live(w), save_rstd, dw_reduction)
+        args = (live(x), live(w), save_rstd, dw_reduction)
+        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+            return EAGER_APPLY(*args)
+        return EagerFunction.forward(NO_GRAD, *args)
     return forward_op(x, w, save_rstd, dw_reduction)[0]
 
 

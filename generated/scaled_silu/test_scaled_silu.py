@@ -410,6 +410,24 @@ def test_cuda_graph_replays_forward_and_backward():
 
 
 @requires_cuda
+def test_forward_without_gradients_is_the_training_forward():
+    """Where no input needs a gradient (torch.no_grad, inference_mode, frozen inputs) the eager
+    path runs EagerFunction.forward alone: the same output, bit for bit, as with gradients on,
+    and no graph."""
+    fn, inputs, grad_out, dtype = compile_case()
+    trained = fn(*inputs.values())
+    assert trained.grad_fn is not None
+    with torch.no_grad():
+        evaluated = fn(*inputs.values())
+    with torch.inference_mode():
+        inferred = fn(*inputs.values())
+    frozen = fn(*(t.detach() for t in inputs.values()))
+    for name, out in (("no_grad", evaluated), ("inference_mode", inferred), ("frozen", frozen)):
+        assert out.grad_fn is None and not out.requires_grad, name
+        assert torch.equal(out, trained.detach()), f"the forward under {name} differs"
+
+
+@requires_cuda
 def test_new_lengths_compile_nothing():
     """Element counts are symbolic in the kernels: after the first call, fwd+bwd at
     other sizes (odd ones included) builds no kernel."""

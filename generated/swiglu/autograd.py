@@ -434,10 +434,30 @@ else:
     EAGER_APPLY = EagerFunction.apply
 
 
+class NoGradContext:
+    """The ctx of EagerFunction.forward called alone, where no input needs a gradient (under
+    torch.no_grad or inference_mode, or with frozen inputs): no backward will run, so it keeps
+    nothing. Skipping the apply saves ~3 us a call."""
+
+    __slots__ = ()
+
+    def save_for_backward(self, *tensors):
+        pass
+
+    def __setattr__(self, name, value):
+        pass
+
+
+NO_GRAD = NoGradContext()
+
+
 def apply_op(a, b, save_sigmoid):
     """y by the formula above for either saved.sigmoid, without the input checks of swiglu()."""
     if eager(a):
-        return EAGER_APPLY(live(a), live(b), save_sigmoid)
+        args = (live(a), live(b), save_sigmoid)
+        if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+            return EAGER_APPLY(*args)
+        return EagerFunction.forward(NO_GRAD, *args)
     return forward_op(a, b, save_sigmoid)[0]
 
 

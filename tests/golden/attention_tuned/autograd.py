@@ -673,6 +673,23 @@ else:
     EAGER_APPLY = EagerFunction.apply
 
 
+class NoGradContext:
+    """The ctx of EagerFunction.forward called alone, where no input needs a gradient (under
+    torch.no_grad or inference_mode, or with frozen inputs): no backward will run, so it keeps
+    nothing. Skipping the apply saves ~3 us a call."""
+
+    __slots__ = ()
+
+    def save_for_backward(self, *tensors):
+        pass
+
+    def __setattr__(self, name, value):
+        pass
+
+
+NO_GRAD = NoGradContext()
+
+
 # TMA, which loads the q, k and v tiles, needs every stride but the last and each tensor's start
 # on a 16-byte boundary.
 TMA_ALIGNMENT = 16
@@ -732,7 +749,10 @@ def apply_op(q, k, v, causal, window, layout, softmax_scale=None):
         default_softmax_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     )
     if eager(q):
-        return EAGER_APPLY(live(q), live(k), live(v), causal, window or 0, layout, softmax_scale)
+        args = (live(q), live(k), live(v), causal, window or 0, layout, softmax_scale)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return EAGER_APPLY(*args)
+        return EagerFunction.forward(NO_GRAD, *args)
     return forward_op(q, k, v, causal, window or 0, layout, softmax_scale)[0]
 
 
