@@ -9,7 +9,8 @@ Host times run first (see 2.), then the correctness checks.
    strided inputs, a non-contiguous upstream gradient and a frozen input, against the package's
    reference.py run in float64 (its .float() kept float64). Per tensor: the relative error
    max |got - ref| / max |ref|; FAIL above TOLERANCE or on a wrong shape or dtype.
-2. Host time per call at a tiny shape (what the bench's --overhead times): fwd and fwd+bwd, the
+2. Host time per call at a tiny shape (what the bench's --overhead times): fwd, fwd under
+   torch.no_grad (eval) and fwd+bwd, the
    median of rounds of back-to-back calls, next to the PyTorch baseline: cuBLAS addmm, eager
    F.silu(a) * b, the bench's chunked linear attention in PyTorch.
 
@@ -205,7 +206,7 @@ def host_times():
     print(
         "\n# host time per call at a tiny shape, us (median of 7 rounds of 300 back-to-back calls)"
     )
-    print(f"{'':44s} {'fwd':>8s} {'fwd+bwd':>8s}")
+    print(f"{'':44s} {'fwd':>8s} {'eval fwd':>8s} {'fwd+bwd':>8s}")
     a, b, bias = randn(64, 64), randn(64, 64), randn(64)
     x, y = randn(8, 1024), randn(8, 1024)
     q, k, v = randn(1, 128, 16, 128), randn(1, 128, 16, 128), randn(1, 128, 16, 128)
@@ -221,8 +222,10 @@ def host_times():
         leaves = [t for t in args if t.requires_grad]
         grad = torch.randn_like(fn(*args))
         fwd = median_us(lambda: fn(*args))
+        with torch.no_grad():  # the eager path without the autograd node (NO_GRAD)
+            evaluated = median_us(lambda: fn(*args))
         both = median_us(lambda: torch.autograd.grad(fn(*args), leaves, grad))
-        print(f"{label:44s} {fwd:8.1f} {both:8.1f}", flush=True)
+        print(f"{label:44s} {fwd:8.1f} {evaluated:8.1f} {both:8.1f}", flush=True)
 
 
 if __name__ == "__main__":
