@@ -16,6 +16,8 @@ scores, [batch, heads, padded rows]).
 
 overlap=True: each key step issues this block's scores and the previous block's PV product as
 async WGMMA together (the package's `overlap = true` schedule); else GEMM, softmax, GEMM.
+block_m: 64 query rows per consumer warpgroup (128: two, 192: three), beside one producer
+warpgroup.
 
 It returns the prim_func; compile it with tilelang.compile(func, out_idx=None) and call it with
 (q, k, v, o, lse, section_pairs(batch, heads, kv_heads, seq_len, dim)). batch=None and
@@ -55,7 +57,11 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
     n_key = T.ceildiv(seq_len, block_n)
     tiles = n_query * heads * batch
     grid = T.min(sms, tiles)
-    consumers = 256  # two warpgroups of 64 query rows each
+    # One consumer warpgroup per 64 query rows (two at 128 rows, three at 192), and the
+    # registers the producer's 24 leave them: 240 for two, 160 for three (64512 per SM).
+    assert block_m % 64 == 0 and block_m <= 192
+    consumers = block_m // 64 * 128
+    consumer_registers = 240 if consumers <= 256 else 160
 
     def key_end(qb):
         """Key blocks [0, end) query block qb sees."""
@@ -163,7 +169,7 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
                         T.barrier_arrive(v_full[s])
                         step += 1
             else:
-                T.inc_max_nreg(240)
+                T.inc_max_nreg(consumer_registers)
                 # K blocks and V blocks consumed so far, over all tiles: ring slot and phase.
                 k_step = T.alloc_var("int32", init=0)
                 v_step = T.alloc_var("int32", init=0)

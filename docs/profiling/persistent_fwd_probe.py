@@ -7,8 +7,8 @@ at the bench shapes, on an H200:
 
 CONFIGS="128,128,2,0,0;128,128,2,1,1" sets the persistent variants (block_m, block_n, stages,
 overlap 0/1, symbolic batch and length 0/1; the default: both schedules at 128x128 with 2
-stages for the shape, and the overlapped one for every shape); CASES as in
-fwd_schedule_probe.py. A hang (a barrier protocol bug) is cut by the caller's timeout: run it
+stages for the shape, the overlapped one for every shape, and three consumer warpgroups of 64
+rows, 192x128, at D64); CASES as in fwd_schedule_probe.py. A hang (a barrier protocol bug) is cut by the caller's timeout: run it
 under `timeout`."""
 import os
 import sys
@@ -41,7 +41,8 @@ if os.environ.get("CASES"):
     CASES = [(int(b), int(h), int(kv), int(s), int(d), c == "1", dt) for b, h, kv, s, d, c, dt in
              (case.split(",") for case in os.environ["CASES"].split(";"))]
 CONFIGS = [tuple(int(x) for x in c.split(",")) for c in
-           os.environ.get("CONFIGS", "128,128,2,0,0;128,128,2,1,0;128,128,2,1,1").split(";")]
+           os.environ.get("CONFIGS", "128,128,2,0,0;128,128,2,1,0;128,128,2,1,1;192,128,2,1,0")
+           .split(";")]
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
 
 
@@ -49,6 +50,8 @@ def build(key):
     (b, h, kv, s, d, c, dt), (bm, bn, st, ov, dyn) = key
     if bm * d * 2 * 2 + 2 * st * bn * d * 2 > 227 * 1024:
         return "too much shared memory"
+    if bm == 192 and d > 64:  # three consumer warpgroups: for D64 (the package's 192-row rule)
+        return "192 rows at D64 only"
     try:
         if dyn:  # one kernel for every batch and length: the first case's build serves the rest
             with DYNAMIC_LOCK:
