@@ -21,7 +21,11 @@
 #      rows: `python -m generated.matmul.bench_matmul --overhead` under torch.no_grad vs addmm
 #      (~3 us a call saved on this CPU).
 #   4. Host rows stay too noisy to rank 2-4 us changes (runs 89-92): measure them only next to
-#      their baselines in one process, several rounds.
+#      their baselines in one process, several rounds (python docs/profiling/lean_eager_check.py
+#      now has an eval fwd column: the no-grad route).
+#   5. The D128 backward (0.82-0.88x cuDNN) next to cuDNN's persistent bprop in ncu, as run 92
+#      did for D64: `bash docs/profiling/next_gpu_run.sh ncu attention full` and the same with
+#      SDPA=cudnn NCU_KERNELS="cudnn|sm90" (rename ncu-attention-full.txt between the two).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
