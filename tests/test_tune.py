@@ -351,13 +351,15 @@ spec_path = Path(sys.argv[1])
 spec = validate(FAMILIES["attention"].spec, read_spec(spec_path))
 gen = generate(spec_path)
 with tune.imported_package(gen.files, spec.name, Path(tempfile.mkdtemp())) as autograd:
-    found = [c for c in tune.candidates(spec, ["fwd"]) if c.head_dim == 64 and not c.causal][1:2]
+    found = [c for c in tune.candidates(spec, ["fwd"]) if c.head_dim == 64 and c.causal][1:2]
     saved = dict(autograd.FWD_TILING)
     tune.prebuild_candidates(spec, gen.plan, autograd, found, workers=2)
     (c,) = found
-    args = (16, 16, 64, False, 0, "bshd", "float16", tune.default_softmax_scale(64))
-    key = autograd.kernel_key(autograd.attention_fwd, args, c.tiling_dict)
-    assert key in autograd.KERNELS, (key, list(autograd.KERNELS))
+    args = (16, 16, 64, True, 0, "bshd", "float16", tune.default_softmax_scale(64))
+    # The candidate's forward, and the paired forward its call plan builds too.
+    for tiling in (c.tiling_dict, autograd.paired_tiling(c.tiling_dict)):
+        key = autograd.kernel_key(autograd.attention_fwd, args, tiling)
+        assert key in autograd.KERNELS, (key, list(autograd.KERNELS))
     assert autograd.FWD_TILING == saved
 # The tuned spec is validated after the timing: its name must not be taken by the package then.
 validate(FAMILIES["attention"].spec, read_spec(spec_path))
@@ -367,15 +369,16 @@ print("built", c.label)
 
 @pytest.mark.compile
 def test_prebuild_compiles_the_candidates_kernels_of_the_real_package(tmp_path):
-    """prebuild_candidates on the rendered attention package (no GPU): the candidate's forward
-    kernel is compiled for sm_90a and stored under the key its timing launch looks up."""
+    """prebuild_candidates on the rendered attention package (no GPU): a causal candidate's
+    forward kernel and its paired forward are compiled for sm_90a and stored under the keys its
+    timing launch looks up."""
     import subprocess
 
     result = subprocess.run([sys.executable, "-c", PREBUILD_SCRIPT,
                              str(REPO_ROOT / "specs/attention.toml")],
                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    assert "built fwd d64 full 64x32 threads=128 stages=1" in result.stdout
+    assert "built fwd d64 causal 64x32 threads=128 stages=1" in result.stdout
 
 
 def test_compile_job_is_the_kernel_the_timing_launches(tmp_path):
