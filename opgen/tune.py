@@ -25,8 +25,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from opgen.families.attention import (PHASE_TILING, TUNED_PHASES, AttentionBenchShape,
                                       default_softmax_scale, reductions, tiling_problems)
-from opgen.plan import CompileJob
 from opgen.families.attention_launch import has_paired_forward, paired_tiling
+from opgen.plan import CompileJob
 
 # The candidates of each phase: every combination, in this order (block_m is the query rows of
 # a fwd block and the key rows of a bwd block; block_n the other side of its score tile), times
@@ -103,7 +103,6 @@ def candidates(spec: Any, phases: Iterable[str] = TUNED_PHASES,
     spec's current tiling first, then SEARCH_SPACE's, those the rules accept, at most
     max_candidates of them."""
     found = []
-
     dims = [d for d in spec.attention.head_dims if head_dims is None or d in head_dims]
     for dim, causal, phase in itertools.product(dims, (False, True), phases):
         keys = {**SEARCH_SPACE, **PHASE_SPACE[phase]}
