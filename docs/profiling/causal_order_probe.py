@@ -22,6 +22,9 @@ if CPU:
 
 import torch  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(__file__))
+from attention_probe_tensors import inputs, launch, pad8  # noqa: E402
+
 PACKAGES = ("attention", "gqa")
 # (package, batch, heads, kv_heads, seq_len, head_dim, dtype)
 CASES = [("attention", 4, 16, 16, 4096, 128, "float16"), ("attention", 8, 16, 16, 2048, 64, "float16"),
@@ -85,20 +88,6 @@ for p in PACKAGES:
 print(f"built in {time.perf_counter() - T0:.0f} s", flush=True)
 
 
-def inputs(b, h, kv, s, d, dt, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return [torch.randn(b, s, n, d, device="cuda", dtype=getattr(torch, dt), generator=g)
-            for n in (h, kv, kv)]
-
-
-def launch(entry, q, k, v):
-    b, s, h, d = q.shape
-    o = torch.empty_like(q)
-    lse = torch.empty(b, h, (s + 7) // 8 * 8, device="cuda")
-    entry(q, k, v, o, lse)
-    return o, lse
-
-
 def entries(p, h, kv, d, dt):
     return [autograds[p].launcher(c) for c in calls(p, h, kv, d, dt)]
 
@@ -124,7 +113,7 @@ for p, b, h, kv, s, d, dt in CASES:
     for rnd in range(2):  # interleaved rounds: drift hits both alike
         for i, entry in enumerate(entries(p, h, kv, d, dt)):
             o = torch.empty_like(q)
-            lse = torch.empty(b, h, (s + 7) // 8 * 8, device="cuda")
+            lse = torch.empty(b, h, pad8(s), device="cuda")
             ms = B.stream_ms(lambda: entry(q, k, v, o, lse))
             tfs.append((i, flops / ms / 1e9))
     best = [max(t for j, t in tfs if j == i) for i in (0, 1)]

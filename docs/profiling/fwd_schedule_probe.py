@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from generated.attention import autograd as A
 from generated.attention import kernels as K
 from generated.attention import bench_attention as B
+sys.path.insert(0, os.path.dirname(__file__))
+from attention_probe_tensors import inputs, launch, pad8
 
 T0 = time.perf_counter()
 CASES = [(4, 16, 16, 4096, 128, False, "float16"), (4, 16, 16, 4096, 128, True, "float16"),
@@ -88,24 +90,6 @@ print(f"built {len(built)} variant kernels + committed in {time.perf_counter() -
 for key, k in built.items():
     if isinstance(k, str):
         print("BUILD FAILED", key, k)
-
-
-def inputs(b, h, kv, s, d, dt, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    dtype = getattr(torch, dt)
-    return [torch.randn(b, s, n, d, device="cuda", dtype=dtype, generator=g) for n in (h, kv, kv)]
-
-
-def pad8(s):
-    return (s + 7) // 8 * 8
-
-
-def launch(entry, q, k, v):
-    b, s, h, d = q.shape
-    o = torch.empty_like(q)
-    lse = torch.empty(b, h, pad8(s), device="cuda")
-    entry(q, k, v, o, lse)
-    return o, lse
 
 
 print("# correctness vs the committed forward (max abs diff of O; of lse over real rows)")

@@ -24,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from generated.attention import autograd as A
 from generated.attention import bench_attention as B
+from attention_probe_tensors import inputs, launch, pad8
 from persistent_fwd import persistent_fwd, section_pairs
 import threading
 
@@ -86,20 +87,6 @@ for key, k in built.items():
         print("BUILD FAILED", key, k)
 
 
-def inputs(b, h, kv, s, d, dt, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    dtype = getattr(torch, dt)
-    return [torch.randn(b, s, n, d, device="cuda", dtype=dtype, generator=g) for n in (h, kv, kv)]
-
-
-def launch(entry, q, k, v):
-    b, s, h, d = q.shape
-    o = torch.empty_like(q)
-    lse = torch.empty(b, h, (s + 7) // 8 * 8, device="cuda")
-    entry(q, k, v, o, lse)
-    return o, lse
-
-
 def synchronize(what, seconds=20):
     """torch.cuda.synchronize(), or exit 3 naming `what` if the GPU does not finish in time: a
     barrier protocol bug hangs the kernel, and a hung sync never returns to Python."""
@@ -149,7 +136,7 @@ for case in CASES:
             row.append("failed")
             continue
         o = torch.empty_like(q)
-        lse = torch.empty(b, h, (s + 7) // 8 * 8, device="cuda")
+        lse = torch.empty(b, h, pad8(s), device="cuda")
         ms = B.stream_ms(lambda: entry(q, k, v, o, lse))
         row.append(f"{flops / ms / 1e9:.0f}")
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
