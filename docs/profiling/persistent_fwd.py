@@ -12,15 +12,18 @@ Layout bshd, O and lse as the package's forward writes them (lse: log2 domain of
 scores, [batch, heads, padded rows]).
 
     persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=128, block_n=128,
-                   stages=2, sms=132, overlap=False)
+                   stages=2, sms=132, overlap=False, window=0, sinks=False)
 
 overlap=True: each key step issues this block's scores and the previous block's PV product as
 async WGMMA together (the package's `overlap = true` schedule); else GEMM, softmax, GEMM.
 block_m: 64 query rows per consumer warpgroup (128: two, 192: three), beside one producer
 warpgroup.
 
-It returns the prim_func; compile it with tilelang.compile(func, out_idx=None) and call it with
-(q, k, v, o, lse, section_pairs(batch, heads, kv_heads, seq_len, dim)). batch=None and
+window: the sliding window (causal; 0: none); sinks: one logit per query head joins each row's
+softmax denominator (the package's attention_sink). It returns the prim_func; compile it with
+tilelang.compile(func, out_idx=None) and call it with (q, k, v, sinks, o, lse,
+section_pairs(batch, heads, kv_heads, seq_len, dim)) (sinks: fp32 [heads], read only with
+sinks=True). batch=None and
 seq_len=None build it for every batch and length (symbolic dims, as the package's kernels).
 `python docs/profiling/persistent_fwd.py` lowers and compiles it for sm_90a on the CPU
 (DYNAMIC=1, OVERLAP=1 for those variants; the CUDA goes to $OUT_CU).
@@ -45,7 +48,7 @@ def section_pairs(batch, heads, kv_heads, seq_len, dim):
 
 
 def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=128, block_n=128,
-                   stages=2, sms=132, overlap=False):
+                   stages=2, sms=132, overlap=False, window=0, sinks=False):
     accum = "float"
     groups = heads // kv_heads
     scale = dim ** -0.5 * LOG2E
@@ -63,9 +66,32 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
     consumers = block_m // 64 * 128
     consumer_registers = 240 if consumers <= 256 else 160
 
-    def key_end(qb):
-        """Key blocks [0, end) query block qb sees."""
-        return T.min(T.ceildiv((qb + 1) * block_m, block_n), n_key) if causal else n_key
+    assert not window or causal, "a sliding window is causal"
+
+    def key_blocks(qb):
+        """Key blocks [start, end) some query of query block qb sees: the others are skipped
+        (past its last query when causal, before its first query's window)."""
+        end = T.min(T.ceildiv((qb + 1) * block_m, block_n), n_key) if causal else n_key
+        start = T.max(T.floordiv(qb * block_m - window + 1, block_n), 0) if window else 0
+        return start, end
+
+    def visible(q_idx, k_idx):
+        condition = k_idx < seq_len
+        if causal:
+            condition = T.And(condition, q_idx >= k_idx)
+        if window:
+            condition = T.And(condition, q_idx - k_idx < window)
+        return condition
+
+    def needs_mask(qb, kb):
+        """Whether a query of block qb misses a key of block kb: the causal diagonal, the
+        window's edge, the sequence's end. Only such tiles pay for the per-element mask."""
+        condition = (kb + 1) * block_n > seq_len
+        if causal:
+            condition = T.Or(condition, (kb + 1) * block_n > qb * block_m)
+        if window:
+            condition = T.Or(condition, (qb + 1) * block_m - 1 - kb * block_n >= window)
+        return condition
 
     def decode(t, section):
         """(query block, head, batch) of tile t, in sections of `section` (batch, head) pairs
@@ -82,17 +108,11 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
 
     @T.macro
     def init_scores(acc_s, qb, kb):
-        """-inf where the query does not see the key, else 0; the score GEMM adds to it. Only
-        tiles on the causal diagonal or past the sequence's end pay for the mask."""
-        if (causal and (kb + 1) * block_n > qb * block_m) or (kb + 1) * block_n > seq_len:
+        """-inf where the query does not see the key, else 0; the score GEMM adds to it."""
+        if needs_mask(qb, kb):
             for r, c in T.Parallel(block_m, block_n):
-                q_idx = qb * block_m + r
-                k_idx = kb * block_n + c
-                if causal:
-                    acc_s[r, c] = T.if_then_else(T.And(k_idx < seq_len, q_idx >= k_idx), 0,
-                                                 -T.infinity(accum))
-                else:
-                    acc_s[r, c] = T.if_then_else(k_idx < seq_len, 0, -T.infinity(accum))
+                acc_s[r, c] = T.if_then_else(visible(qb * block_m + r, kb * block_n + c), 0,
+                                             -T.infinity(accum))
         else:
             T.clear(acc_s)
 
@@ -116,6 +136,7 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
         Q: T.Tensor([batch, seq_len, heads, dim], dtype),
         K: T.Tensor([batch, seq_len, kv_heads, dim], dtype),
         V: T.Tensor([batch, seq_len, kv_heads, dim], dtype),
+        Sinks: T.Tensor([heads], accum),  # read only with sinks=True
         O: T.Tensor([batch, seq_len, heads, dim], dtype),
         lse: T.Tensor([batch, heads, padded], accum),
         section: T.int32,
@@ -156,7 +177,9 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
                     T.tma_copy(Q[b, qb * block_m:(qb + 1) * block_m, h, :], Q_shared[i % 2, :, :],
                                barrier=q_full[i % 2])
                     T.barrier_arrive(q_full[i % 2])
-                    for kb in T.serial(key_end(qb)):
+                    start, end = key_blocks(qb)
+                    for j in T.serial(end - start):
+                        kb = start + j
                         s = step % stages
                         phase = ((step // stages) & 1) ^ 1
                         T.barrier_wait(k_empty[s], phase)
@@ -175,7 +198,8 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
                 v_step = T.alloc_var("int32", init=0)
                 for i in T.serial(my_tiles):
                     qb, h, b = decode(bid + i * grid, section)
-                    end = key_end(qb)
+                    start, end = key_blocks(qb)
+                    n = end - start
                     T.fill(acc_o, 0)
                     T.fill(row_denom, 0)
                     T.fill(row_max, -1e30)
@@ -184,10 +208,10 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
                         # Step j issues the scores of key block j and the PV product of block
                         # j - 1 together: the tensor cores run PV during this block's softmax.
                         T.clear(acc_p)
-                        for j in T.serial(end + 1):
-                            if j < end:
+                        for j in T.serial(n + 1):
+                            if j < n:
                                 ks = k_step % stages
-                                init_scores(acc_s, qb, j)
+                                init_scores(acc_s, qb, start + j)
                                 T.barrier_wait(k_full[ks], (k_step // stages) & 1)
                                 T.wgmma_gemm(Q_shared[i % 2, :, :], K_shared[ks, :, :], acc_s,
                                              transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
@@ -223,9 +247,9 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
                                 T.barrier_arrive(v_empty[vs])
                                 v_step += 1
                     else:
-                        for kb in T.serial(end):
+                        for j in T.serial(n):
                             s = k_step % stages
-                            init_scores(acc_s, qb, kb)
+                            init_scores(acc_s, qb, start + j)
                             T.barrier_wait(k_full[s], (k_step // stages) & 1)
                             T.gemm(Q_shared[i % 2, :, :], K_shared[s, :, :], acc_s,
                                    transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
@@ -239,6 +263,9 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
                             T.barrier_arrive(v_empty[s])
                             k_step += 1
                     T.barrier_arrive(q_empty[i % 2])
+                    if sinks:  # the sink joins the denominator (and lse), adds nothing to O
+                        for r in T.Parallel(block_m):
+                            row_denom[r] += T.exp2(Sinks[h] * LOG2E - row_max[r] * scale)
                     for r, c in T.Parallel(block_m, dim):
                         acc_o[r, c] /= row_denom[r]
                     T.copy(acc_o, O[b, qb * block_m:(qb + 1) * block_m, h, :])
