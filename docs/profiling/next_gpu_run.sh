@@ -8,8 +8,10 @@
 #      next tile's Q and K/V loading during this tile's epilogue; lowered and compiled for sm_90a
 #      on the CPU, never run): `timeout 400 python
 #      docs/profiling/persistent_fwd_probe.py` -- correctness at odd lengths against the
-#      package's forward, then TF/s next to it and cuDNN at D64/D128, causal and full. A hang
-#      means a barrier bug (timeout cuts it). D64 causal is the case it is for (0.72-0.79x cuDNN).
+#      package's forward, then TF/s next to it and cuDNN at D64/D128, causal and full, and next
+#      to attention_sink's forward with sinks, sinks + window 1024 and the gpt-oss shape (64/8
+#      heads, D64, window 128). A hang exits 3 naming the case. D64 causal (0.72-0.79x cuDNN)
+#      and the short window (1-2 key blocks a tile) are the cases it is for.
 #   2. Every package's tests: the eager path now runs EagerFunction.forward alone where no input
 #      needs a gradient (NO_GRAD; new generated test test_forward_without_gradients_is_the_
 #      training_forward; CPU-tested on empty work only). A fresh machine builds every kernel:
