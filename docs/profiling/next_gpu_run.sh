@@ -6,7 +6,7 @@
 #   1. The persistent forward prototype (docs/profiling/persistent_fwd.py: one block per SM walks
 #      its tiles longest first, hand-written producer/consumer warpgroups with mbarriers, the
 #      next tile's Q and K/V loading during this tile's epilogue; lowered and compiled for sm_90a
-#      on the CPU, never run): `timeout 400 python
+#      on the CPU, never run): `timeout 540 python
 #      docs/profiling/persistent_fwd_probe.py` -- correctness at odd lengths against the
 #      package's forward, then TF/s next to it and cuDNN at D64/D128, causal and full, and next
 #      to attention_sink's forward with sinks, sinks + window 1024 and the gpt-oss shape (64/8

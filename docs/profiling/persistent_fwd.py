@@ -12,14 +12,15 @@ Layout bshd, O and lse as the package's forward writes them (lse: log2 domain of
 scores, [batch, heads, padded rows]).
 
     persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=128, block_n=128,
-                   stages=2, sms=132, overlap=False, window=0, sinks=False)
+                   stages=2, sms=132, overlap=False, window=0, sinks=False, stage_o=False)
 
 overlap=True: each key step issues this block's scores and the previous block's PV product as
 async WGMMA together (the package's `overlap = true` schedule); else GEMM, softmax, GEMM.
 block_m: 64 query rows per consumer warpgroup (128: two, 192: three), beside one producer
 warpgroup.
 
-window: the sliding window (causal; 0: none); sinks: one logit per query head joins each row's
+stage_o: O goes to global memory through shared memory (a TMA store of whole rows) instead of
+from registers. window: the sliding window (causal; 0: none); sinks: one logit per query head joins each row's
 softmax denominator (the package's attention_sink). It returns the prim_func; compile it with
 tilelang.compile(func, out_idx=None) and call it with (q, k, v, sinks, o, lse,
 section_pairs(batch, heads, kv_heads, seq_len, dim)) (sinks: fp32 [heads], read only with
@@ -48,7 +49,7 @@ def section_pairs(batch, heads, kv_heads, seq_len, dim):
 
 
 def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=128, block_n=128,
-                   stages=2, sms=132, overlap=False, window=0, sinks=False):
+                   stages=2, sms=132, overlap=False, window=0, sinks=False, stage_o=False):
     accum = "float"
     groups = heads // kv_heads
     scale = dim ** -0.5 * LOG2E
@@ -145,6 +146,8 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
             Q_shared = T.alloc_shared([2, block_m, dim], dtype)
             K_shared = T.alloc_shared([stages, block_n, dim], dtype)
             V_shared = T.alloc_shared([stages, block_n, dim], dtype)
+            if stage_o:
+                O_shared = T.alloc_shared([block_m, dim], dtype)
             acc_s = T.alloc_fragment([block_m, block_n], accum)
             acc_p = T.alloc_fragment([block_m, block_n], dtype)
             acc_o = T.alloc_fragment([block_m, dim], accum)
@@ -268,7 +271,11 @@ def persistent_fwd(batch, heads, kv_heads, seq_len, dim, causal, dtype, block_m=
                             row_denom[r] += T.exp2(Sinks[h] * LOG2E - row_max[r] * scale)
                     for r, c in T.Parallel(block_m, dim):
                         acc_o[r, c] /= row_denom[r]
-                    T.copy(acc_o, O[b, qb * block_m:(qb + 1) * block_m, h, :])
+                    if stage_o:  # through shared memory, stored by TMA in whole rows
+                        T.copy(acc_o, O_shared)
+                        T.copy(O_shared, O[b, qb * block_m:(qb + 1) * block_m, h, :])
+                    else:
+                        T.copy(acc_o, O[b, qb * block_m:(qb + 1) * block_m, h, :])
                     for r in T.Parallel(block_m):
                         lse[b, h, qb * block_m + r] = T.log2(row_denom[r]) + row_max[r] * scale
 
@@ -280,7 +287,7 @@ if __name__ == "__main__":
     dynamic = os.environ.get("DYNAMIC") == "1"
     args = dict(batch=None if dynamic else 4, heads=16, kv_heads=16,
                 seq_len=None if dynamic else 4096, dim=64, causal=True, dtype="float16",
-                overlap=os.environ.get("OVERLAP") == "1")
+                overlap=os.environ.get("OVERLAP") == "1", stage_o=os.environ.get("STAGE_O") == "1")
     kernel = tilelang.compile(persistent_fwd(**args), out_idx=None)
     source = kernel.get_kernel_source()
     out = os.environ.get("OUT_CU", "/tmp/persistent_fwd.cu")

@@ -4,12 +4,13 @@ attention_sink's run_forward where a case has sinks or a window) and SDPA's cuDN
 backends: correctness at odd lengths against the package, then kernel time at the bench shapes,
 on an H200:
 
-    timeout 400 python docs/profiling/persistent_fwd_probe.py
+    timeout 540 python docs/profiling/persistent_fwd_probe.py
 
 CONFIGS="128,128,2,0,0;128,128,2,1,1" sets the persistent variants (block_m, block_n, stages,
-overlap 0/1, symbolic batch and length 0/1; the default: both schedules at 128x128 with 2
-stages for the shape, the overlapped one for every shape, and three consumer warpgroups of 64
-rows, 192x128, at D64). CASES="b,h,kv,s,d,causal,dtype[,window,sinks];..." replaces the timed
+overlap 0/1, symbolic batch and length 0/1[, O through shared memory and a TMA store 0/1]; the
+default: both schedules at 128x128 with 2 stages for the shape, the overlapped one with O by
+TMA, the overlapped one for every shape, and three consumer warpgroups of 64 rows, 192x128, at
+D64). CASES="b,h,kv,s,d,causal,dtype[,window,sinks];..." replaces the timed
 cases. A hung kernel (a barrier protocol bug) makes it exit 3 naming the case."""
 import os
 import sys
@@ -58,25 +59,25 @@ if os.environ.get("CASES"):
     CASES = [parse_case(case) for case in os.environ["CASES"].split(";")]
 CASES = [(*c, 0, False)[:9] for c in CASES]  # window 0, no sinks where a case leaves them out
 ODD = [(*c, 0, False)[:9] for c in ODD]
-CONFIGS = [tuple(int(x) for x in c.split(",")) for c in
-           os.environ.get("CONFIGS", "128,128,2,0,0;128,128,2,1,0;128,128,2,1,1;192,128,2,1,0")
-           .split(";")]
+CONFIGS = [(*(int(x) for x in c.split(",")), 0)[:6] for c in
+           os.environ.get("CONFIGS", "128,128,2,0,0;128,128,2,1,0;128,128,2,1,0,1;128,128,2,1,1;"
+                          "192,128,2,1,0").split(";")]
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def build(key):
     """The persistent kernel of (case, config), as entry(q, k, v, sinks, o, lse); a string where
     it does not build."""
-    (b, h, kv, s, d, c, dt, w, sk), (bm, bn, st, ov, dyn) = key
-    if bm * d * 2 * 2 + 2 * st * bn * d * 2 > 227 * 1024:
+    (b, h, kv, s, d, c, dt, w, sk), (bm, bn, st, ov, dyn, so) = key
+    if bm * d * 2 * (2 + so) + 2 * st * bn * d * 2 > 227 * 1024:
         return "too much shared memory"
     if bm == 192 and d > 64:  # three consumer warpgroups: for D64 (the package's 192-row rule)
         return "192 rows at D64 only"
-    options = dict(overlap=bool(ov), window=w, sinks=sk)
+    options = dict(overlap=bool(ov), window=w, sinks=sk, stage_o=bool(so))
     try:
         if dyn:  # one kernel for every batch and length: the first case's build serves the rest
             with DYNAMIC_LOCK:
-                variant = (h, kv, d, c, dt, w, sk, bm, bn, st, ov)
+                variant = (h, kv, d, c, dt, w, sk, bm, bn, st, ov, so)
                 if variant not in DYNAMIC:
                     DYNAMIC[variant] = tilelang.compile(
                         persistent_fwd(None, h, kv, None, d, c, dt, bm, bn, st, SMS, **options),
@@ -166,7 +167,7 @@ for case in ODD + CASES[:1]:
 print("all correct" if not bad else f"{bad} WRONG")
 
 names = [f"persistent {'overlap' if ov else 'loop'} {bm}x{bn} s{st}{' dyn' if dyn else ''}"
-         for bm, bn, st, ov, dyn in CONFIGS]
+         f"{' O by TMA' if so else ''}" for bm, bn, st, ov, dyn, so in CONFIGS]
 print("| case | package | " + " | ".join(names) + " | cuDNN | flash |")
 print("|---" * (4 + len(names)) + "|")
 for case in CASES:
