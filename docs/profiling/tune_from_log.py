@@ -28,13 +28,12 @@ for line in log.read_text().splitlines():
     m = re.match(r"  ((?:fwd|bwd) .*): ([0-9.]+) ms(  \[\d+ s\])?$", line)
     if m and m.group(1) in by_label:
         times[by_label[m.group(1)]] = float(m.group(2))
-complete = {v for v in {c.variant for c in found}
-            if partial or all(c in times for c in found if c.variant == v)}
+complete = {c.variant for c in found} if partial else tn.timed_variants(found, times)
 print("variants written:", complete)
 for c in found:
     if c.variant in complete and c not in times:
         print("  not timed:", c.label)
-winners = {v: c for v, c in tn.pick_winners([c for c in found if c.variant in complete], times).items()}
+winners = tn.pick_winners([c for c in found if c.variant in complete], times)
 for v, c in winners.items():
     print("fastest:", c.label, times[c])
 comment = f"{tn.MARKER} on {gpu}, {date}"
