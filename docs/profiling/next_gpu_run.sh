@@ -1,33 +1,19 @@
 #!/bin/bash
-# The GPU work session 21 left, one call each (the device allows 600 s per call; a machine's
+# The GPU work session 22 left, one call each (the device allows 600 s per call; a machine's
 # start takes 1-3 of the session's 30 minutes and refused starts count too; it is given back
 # 30 s after a call ends, so have the next call ready; carry .gpu, built with
 # `../shared/tools/gpu-bundle flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof).
-#   1. The persistent forward prototype (docs/profiling/persistent_fwd.py: one block per SM walks
-#      its tiles longest first, hand-written producer/consumer warpgroups with mbarriers, the
-#      next tile's Q and K/V loading during this tile's epilogue; lowered and compiled for sm_90a
-#      on the CPU, never run): `timeout 540 python
-#      docs/profiling/persistent_fwd_probe.py` -- correctness at odd lengths against the
-#      package's forward, then TF/s next to it and cuDNN at D64/D128, causal and full, and next
-#      to attention_sink's forward with sinks, sinks + window 1024 and the gpt-oss shape (64/8
-#      heads, D64, window 128). A hang exits 3 naming the case. D64 causal (0.72-0.79x cuDNN)
-#      and the short window (1-2 key blocks a tile) are the cases it is for.
-#   2. Every package's tests: the eager path now runs EagerFunction.forward alone where no input
-#      needs a gradient (NO_GRAD; new generated test test_forward_without_gradients_is_the_
-#      training_forward; CPU-tested on empty work only). A fresh machine builds every kernel:
-#      TESTS_TIMEOUT=540 bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink
-#      attention_recompute, then (warm) tests matmul rmsnorm swiglu scaled_silu linear_attention
-#      swiglu_fused attention_tuned.
-#   3. bench attention: the D128 causal forward re-tuned to overlap 128x128 s2 (run 94) through
-#      the public function (the same kernel as gqa's, whose tests pass); and the no-grad host
-#      rows: `python -m generated.matmul.bench_matmul --overhead` under torch.no_grad vs addmm
-#      (~3 us a call saved on this CPU).
-#   4. Host rows stay too noisy to rank 2-4 us changes (runs 89-92): measure them only next to
-#      their baselines in one process, several rounds (python docs/profiling/lean_eager_check.py
-#      now has an eval fwd column: the no-grad route).
-#   5. The D128 backward (0.82-0.88x cuDNN) next to cuDNN's persistent bprop in ncu, as run 92
-#      did for D64: `bash docs/profiling/next_gpu_run.sh ncu attention full` and the same with
-#      SDPA=cudnn NCU_KERNELS="cudnn|sm90" (rename ncu-attention-full.txt between the two).
+#   1. The tests not yet run with O stored by TMA (the unpaired forward) and the backward grid
+#      with key blocks fastest (runs 99-101 ran attention, attention_sink and gqa's with one or
+#      both): TESTS_TIMEOUT=540 bash docs/profiling/next_gpu_run.sh tests gqa attention_recompute
+#      attention_tuned
+#   2. bench attention gqa attention_sink through the public function with both changes.
+#   3. Where the backward's issue slots go (IPC 1.22 vs cuDNN's 1.47 at D128 full, run 98; a third
+#      of the stalls on global results, yet the L2 misses were not it, run 99): `bash
+#      docs/profiling/next_gpu_run.sh source attention full` (the stall samples per SASS line of
+#      the bwd kernel; read the top lines with their CUDA source).
+#   4. The overlapped backward prototype (docs/profiling/bwd_schedules.py, +3-5% in runs 36 and 42,
+#      dK wrong at GQA S333 split only): find the case's first wrong rows before trying again.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
@@ -66,6 +52,14 @@ elif [ "$what" = bench ]; then
   for p in "$@"; do
     timeout 150 python -m generated.$p.bench_$p --json ${OUT:-.}/bench-$p.json >> $L 2>&1
   done
+elif [ "$what" = source ]; then
+  # args: package and mask; the backward kernel's warp stall samples per SASS instruction
+  timeout 200 ncu --clock-control none -k regex:"${NCU_KERNELS:-^bwd_kernel}" --launch-skip 3 --launch-count 1 \
+    --import-source yes --section SourceCounters --section WarpStateStats -o ${OUT:-.}/source-$1-$2 -f \
+    python docs/profiling/ncu_attention.py $1 $2 > ${OUT:-.}/source-$1-$2.txt 2>&1
+  ncu -i ${OUT:-.}/source-$1-$2.ncu-rep --page source --csv --print-source sass > ${OUT:-.}/source-$1-$2-sass.csv 2>&1
+  echo "source $1 $2 rc=$? at $(( $(date +%s) - start )) s" >> $L
+  gzip -f ${OUT:-.}/source-$1-$2-sass.csv
 elif [ "$what" = ncu ]; then
   # args: pairs of package and mask, e.g. attention full gqa causal
   while [ $# -gt 1 ]; do

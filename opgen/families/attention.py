@@ -603,7 +603,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         "bwd": kernel("bwd", "bwd", "bwd",
                       "dQ by fp32 atomics; dK, dV per query head, written, split or atomically added, "
                       "or per KV head summed over its group in the block (in_block)",
-                      "(heads (kv_heads with in_block dK/dV), ceildiv(seq_len, block_m), batch)",
+                      "(ceildiv(seq_len, block_m), heads (kv_heads with in_block dK/dV), batch)",
                       t.bwd, None),
         "postprocess": kernel("postprocess", "bwd_postprocess", "bwd_postprocess",
                               "cast the fp32 dQ accumulator (fragment layout) to the input dtype; "
