@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 
 def ms(fn, n=20):
-    """ms per call of fn: CUDA events over n calls after one warm-up (also rmsnorm_tiling_probe's)."""
+    """ms per call of fn: CUDA events over n calls after one warm-up (also rmsnorm_tiling_probe's
+    and stage_o_probe's)."""
     fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

@@ -18,6 +18,7 @@ import torch.nn.functional as Fn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention_probe_tensors import inputs
+from ncu_rmsnorm import ms as timed
 from generated.attention_registers import attention_registers as registers
 from generated.attention import attention as staged
 
@@ -25,18 +26,6 @@ ODD = [(1, 16, 1000, 64, True), (3, 16, 77, 64, False), (2, 16, 333, 128, False)
        (1, 16, 130, 128, True)]
 CASES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (4, 16, 4096, 64, False),
          (4, 16, 4096, 64, True), (2, 16, 8192, 64, True), (8, 16, 2048, 64, False), (16, 16, 1024, 64, False)]
-
-
-def timed(fn, n=20):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n
 
 
 torch.backends.cuda.matmul.allow_tf32 = False
