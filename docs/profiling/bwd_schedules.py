@@ -1,17 +1,18 @@
 """Attention backward schedules to measure on the GPU (not used by any package yet).
 
-bwd_overlap has the shipped backward's signature and math; it issues the two score-side GEMMs of
-a query block together as async WGMMA (K q^T -> P's logits, V dO^T -> dP), computes P while the
-second is in flight, issues dV += P dO, computes dS while that one runs, then dK += dS q; the dQ
-GEMM stays synchronous (block_n query rows: 32 is below WGMMA's 64-row minimum). Everything
-after the loads is one statement, so the warp-specialization pass releases q and dO to the TMA
-producer only after the GEMMs that read them have been waited for.
+bwd_overlap has the shipped backward's signature, grid, dK/dV reductions (in_block too) and
+math; it issues the two score-side GEMMs of a query block together as async WGMMA (K q^T -> P's
+logits, V dO^T -> dP), computes P while the second is in flight, issues dV += P dO, computes dS
+while that one runs, then dK += dS q; the dQ GEMM stays synchronous. Everything after the loads
+is one statement.
 
-Run 36: +3-5% at a given tiling, but dK wrong (max error 0.53) at GQA B2 32/8 S333 D128 full,
-split dK/dV, 128x64 on 256 threads, every other odd shape right. The dV and dK accumulators were
-not fenced after the final wait (the forward's overlap fences its O accumulator there), so the
-compiler was free to schedule the epilogue's reads of them before the MMAs ended; they are now
-(session 9, not yet run)."""
+Runs 36 and 42: +3-5% at a given tiling, but dK wrong (max error 0.39-0.53) at GQA B2 32/8 S333
+D128 full, split dK/dV, 128x64 on 256 threads, every other odd shape right. Found in the CUDA
+(session 22): the warp-specialization pass released q's and dO's pipeline stage to the TMA
+producer right after the statement that issues the last async GEMM reading each (dK's, dV's), not
+after the wait, so the producer could load step + 2's q into the buffer dK was still reading.
+A read of both after the final wait now places the release there (not yet run on a GPU).
+"""
 import os, sys
 
 sys.path.insert(0, os.getcwd())
@@ -28,12 +29,13 @@ def bwd_overlap(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sca
     batch, seq_len = runtime_dims()
     scale = softmax_scale * LOG2E
     groups = heads // kv_heads
+    in_block = dk_reduction == "in_block"
     q_shape = _shape(layout, batch, heads, seq_len, dim)
     kv_shape = _shape(layout, batch, kv_heads, seq_len, dim)
     dq_shape = _shape(layout, batch, heads, padded_dim(), dim)
     dk_shape, dk_dtype = dkv_buffer(layout, dk_reduction, batch, heads, kv_heads, seq_len, dim, dtype)
     dv_shape, dv_dtype = dkv_buffer(layout, dv_reduction, batch, heads, kv_heads, seq_len, dim, dtype)
-    rows, elem = _indexers(layout)
+    rows, elem, _ = _indexers(layout)
     visible = _visibility(seq_len, causal, window)
     needs_mask = _needs_mask(seq_len, causal, window)
     regs_s = block_m * block_n // threads
@@ -47,7 +49,7 @@ def bwd_overlap(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sca
                     T.atomic_add(elem(out, bz, bx // groups, by * block_m + i, j), acc[i, j])
         elif reduction == "split":
             T.copy(acc, rows(out, (bx % groups) * batch + bz, bx // groups, by * block_m, block_m))
-        else:
+        else:  # direct or in_block: bx is the KV head
             T.copy(acc, staging)
             T.copy(staging, rows(out, bz, bx, by * block_m, block_m))
 
@@ -63,12 +65,15 @@ def bwd_overlap(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sca
         dK: T.Tensor(dk_shape, dk_dtype),
         dV: T.Tensor(dv_shape, dv_dtype),
     ):
-        with T.Kernel(heads, T.ceildiv(seq_len, block_m), batch, threads=threads) as (bx, by, bz):
+        # The shipped kernel's grid: key blocks fastest; in_block: one block per KV head.
+        with T.Kernel(T.ceildiv(seq_len, block_m), kv_heads if in_block else heads, batch, threads=threads) as (
+                by, bx, bz):
             K_shared = T.alloc_shared([block_m, dim], dtype)
             V_shared = T.alloc_shared([block_m, dim], dtype)
             q = T.alloc_shared([block_n, dim], dtype)
             do = T.alloc_shared([block_n, dim], dtype)
             dsT_shared = T.alloc_shared([block_m, block_n], dtype)
+            keep = T.alloc_local([1], dtype)
             qkT = T.alloc_fragment([block_m, block_n], ACCUM)
             dsT = T.alloc_fragment([block_m, block_n], ACCUM)
             qkT_cast = T.alloc_fragment([block_m, block_n], dtype)
@@ -82,8 +87,9 @@ def bwd_overlap(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sca
             delta = T.alloc_shared([block_n], ACCUM)
 
             T.annotate_layout({dQ: _dq_layout(layout, dQ)})
-            T.copy(rows(K, bz, bx // groups, by * block_m, block_m), K_shared)
-            T.copy(rows(V, bz, bx // groups, by * block_m, block_m), V_shared)
+            kv_head = bx if in_block else bx // groups
+            T.copy(rows(K, bz, kv_head, by * block_m, block_m), K_shared)
+            T.copy(rows(V, bz, kv_head, by * block_m, block_m), V_shared)
             T.clear(dv)
             T.clear(dk)
             n_blocks = T.ceildiv(seq_len, block_n)
@@ -93,12 +99,14 @@ def bwd_overlap(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sca
                 if window
                 else n_blocks
             )
-            for step in T.Pipelined(loop_end - loop_start, num_stages=num_stages):
-                k = loop_start + step
-                T.copy(rows(Q, bz, bx, k * block_n, block_n), q)
-                T.copy(rows(dO, bz, bx, k * block_n, block_n), do)
-                T.copy(lse[bz, bx, k * block_n : (k + 1) * block_n], lse_shared)
-                T.copy(Delta[bz, bx, k * block_n : (k + 1) * block_n], delta)
+            span = loop_end - loop_start
+            for step in T.Pipelined(span * groups if in_block else span, num_stages=num_stages):
+                h = bx * groups + step % groups if in_block else bx
+                k = loop_start + (step // groups if in_block else step)
+                T.copy(rows(Q, bz, h, k * block_n, block_n), q)
+                T.copy(rows(dO, bz, h, k * block_n, block_n), do)
+                T.copy(lse[bz, h, k * block_n : (k + 1) * block_n], lse_shared)
+                T.copy(Delta[bz, h, k * block_n : (k + 1) * block_n], delta)
                 # One statement (see the module docstring). Always true, but not provably so:
                 # a provable condition is simplified away and the statements released one by one.
                 if seq_len > 0:
@@ -130,13 +138,19 @@ def bwd_overlap(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sca
                     # that no read of them (the epilogue's stores) is scheduled before it.
                     T.warpgroup_fence_operand(dv, num_regs=regs_kv)
                     T.warpgroup_fence_operand(dk, num_regs=regs_kv)
+                    # A read of q and dO after the wait: the warp-specialization pass releases a
+                    # stage to the producer after the last statement that reads it, and the async
+                    # dK (q) and dV (dO) GEMMs read them until the wait. Without it the producer
+                    # could load step + 2's q over the one dK still reads (runs 36 and 42: dK
+                    # wrong at GQA S333).
+                    keep[0] = q[0, 0] + do[0, 0]
                     if k * block_n + block_n <= seq_len:
                         for i, j in T.Parallel(block_n, dim):
-                            T.atomic_add(elem(dQ, bz, bx, k * block_n + i, j), dq[i, j])
+                            T.atomic_add(elem(dQ, bz, h, k * block_n + i, j), dq[i, j])
                     else:
                         for i, j in T.Parallel(block_n, dim):
                             if k * block_n + i < seq_len:
-                                T.atomic_add(elem(dQ, bz, bx, k * block_n + i, j), dq[i, j])
+                                T.atomic_add(elem(dQ, bz, h, k * block_n + i, j), dq[i, j])
             store_dkv(dv, dv_shared, dV, dv_reduction, bx, by, bz)
             store_dkv(dk, dk_shared, dK, dk_reduction, bx, by, bz)
 

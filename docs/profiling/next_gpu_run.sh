@@ -8,16 +8,18 @@
 #      both): TESTS_TIMEOUT=540 bash docs/profiling/next_gpu_run.sh tests gqa attention_recompute
 #      attention_tuned
 #   2. bench attention gqa attention_sink through the public function with both changes.
-#   3. dQ atomics by pairs: `timeout 400 python docs/profiling/dq_pairs_probe.py` (the dQ
-#      accumulator laid out so TileLang vectorizes the atomics to one 8-byte add per pair, half
-#      the RED instructions; variant kernels compile for sm_90a on the CPU). If it wins, its
-#      pairs_layout replaces `_dq_layout` in templates/attention/kernels.py.jinja.
+#   3. Backward variants: `timeout 500 python docs/profiling/bwd_variants_probe.py`: dQ atomics by
+#      pairs (the accumulator laid out so TileLang vectorizes them to one 8-byte add per pair,
+#      half the RED instructions), the overlapped backward (bwd_schedules.py: async WGMMA, +3-5%
+#      in runs 36 and 42 but dK wrong at GQA S333; session 22 found why in its CUDA, a pipeline
+#      stage released before the async GEMM reading it was waited for, and fixed it), and both.
+#      Correctness at odd lengths first (MHA, GQA in_block, sinks + window), then the backward
+#      through run_backward at 8 bench shapes. A variant that is right and faster goes into
+#      templates/attention/kernels.py.jinja (pairs: its pairs_layout replaces `_dq_layout`).
 #   4. Where the backward's issue slots go (IPC 1.22 vs cuDNN's 1.47 at D128 full, run 98; a third
 #      of the stalls on global results, yet the L2 misses were not it, run 99): `bash
 #      docs/profiling/next_gpu_run.sh source attention full` (the stall samples per SASS line of
 #      the bwd kernel; read the top lines with their CUDA source).
-#   5. The overlapped backward prototype (docs/profiling/bwd_schedules.py, +3-5% in runs 36 and 42,
-#      dK wrong at GQA S333 split only): find the case's first wrong rows before trying again.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift

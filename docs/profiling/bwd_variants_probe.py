@@ -1,0 +1,156 @@
+"""Backward variants against the package's backward, through run_backward (preprocess, bwd,
+postprocess, host included), on the H200:
+
+    timeout 500 python docs/profiling/bwd_variants_probe.py
+
+- pairs: dQ's fp32 accumulator laid out so that each thread's two adjacent columns are adjacent
+  floats (each 8x8 block of dQ row-major): TileLang vectorizes the dQ atomics to one 8-byte add
+  per pair (16 a step per thread at D128 128x64, not 32). The package's layout keeps each 8x8
+  block in the GEMM fragment's order: one 4-byte add per element.
+- overlap: bwd_schedules.bwd_overlap (async WGMMA: the two score-side GEMMs together, P computed
+  while dP's is in flight, dS while dV's is) at the package's tiling.
+- overlap + pairs: both.
+
+Each case: the package's CallPlan, and copies of it whose bwd (and, with pairs, postprocess:
+both read the accumulator; the preprocess zeroes it in any order) are replaced. Gradients are
+compared first at odd lengths (dQ differs only in the order of fp32 adds; the overlap's dK and
+dV in the order of MMA accumulation), then the backward is timed with the bench's stream_ms,
+package and variants interleaved over 3 rounds, the best of each. VARIANTS="pairs" keeps some.
+"""
+import copy
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.getcwd())
+import tilelang.language as T
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bwd_schedules as S
+
+from generated.attention import autograd as MHA, kernels as MHA_K, bench_attention as B
+from generated.attention_sink import autograd as SINK, kernels as SINK_K
+from generated.gqa import autograd as GQA, kernels as GQA_K
+
+T0 = time.perf_counter()
+PACKAGES = {"mha": (MHA, MHA_K), "gqa": (GQA, GQA_K), "sink": (SINK, SINK_K)}
+# (package, batch, heads, kv_heads, seq_len, head_dim, causal, dtype, window)
+ODD = [("mha", 2, 16, 16, 333, 128, False, "float16", 0), ("mha", 1, 16, 16, 1000, 64, True, "float16", 0),
+       ("gqa", 2, 32, 8, 333, 128, False, "bfloat16", 0), ("sink", 1, 64, 8, 1000, 64, True, "bfloat16", 128)]
+CASES = [("mha", 4, 16, 16, 4096, 128, False, "float16", 0), ("mha", 4, 16, 16, 4096, 128, True, "float16", 0),
+         ("mha", 4, 16, 16, 4096, 64, False, "float16", 0), ("mha", 8, 16, 16, 2048, 64, True, "float16", 0),
+         ("gqa", 2, 32, 8, 4096, 128, True, "bfloat16", 0), ("gqa", 2, 32, 8, 4096, 128, False, "bfloat16", 0),
+         ("sink", 2, 32, 8, 4096, 128, True, "bfloat16", 0), ("sink", 1, 64, 8, 4096, 64, True, "bfloat16", 128)]
+
+
+def pairs_layout(layout, dQ):
+    if layout == "bshd":
+        return T.Layout(dQ.shape, lambda b, l, h, d: [b, l // 8, h, d // 8, 8 * (l % 8) + d % 8])
+    return T.Layout(dQ.shape, lambda b, h, l, d: [b, h, l // 8, d // 8, 8 * (l % 8) + d % 8])
+
+
+def tensors(p, b, h, kv, s, d, c, dt, w, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = getattr(torch, dt)
+    q, k, v = (torch.randn(b, s, n, d, device="cuda", dtype=dtype, generator=g) for n in (h, kv, kv))
+    do = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+    sinks = (torch.randn(h, device="cuda", generator=g),) if p == "sink" else ()
+    return q, k, v, sinks, do
+
+
+VARIANTS = os.environ.get("VARIANTS", "pairs,overlap,overlap + pairs").split(",")
+BUILT = {}  # (package, heads, kv_heads, head_dim, causal, window, dtype, variant) -> (bwd, postprocess)
+
+
+def variant_key(case):
+    p, b, h, kv, s, d, c, dt, w = case
+    return p, h, kv, d, c, w, dt
+
+
+def build_variants(cases):
+    """Every variant's bwd and postprocess of every case, built at once in threads (as the
+    package's prebuild does): the prim_funcs made one by one (each with its `_dq_layout` swapped
+    in), then compiled together."""
+    jobs = {}
+    for key in sorted({variant_key(case) for case in cases}):
+        p, h, kv, d, c, w, dt = key
+        A, K = PACKAGES[p]
+        calls = A.variant_calls(h, kv, d, c, w, "bshd", dt, d ** -0.5, *A.reductions(h, kv))
+        shipped = K._dq_layout
+        for name in VARIANTS:
+            bwd_factory = S.bwd_overlap if "overlap" in name else calls["bwd"][0]
+            K._dq_layout = S._dq_layout = pairs_layout if "pairs" in name else shipped
+            try:
+                post_factory, post_args, post_tiling = calls["postprocess"]
+                jobs[key + (name,)] = (
+                    (bwd_factory, bwd_factory.get_tir(*calls["bwd"][1], **calls["bwd"][2])),
+                    (post_factory, post_factory.get_tir(*post_args, **post_tiling)))
+            finally:
+                K._dq_layout = S._dq_layout = shipped
+    with ThreadPoolExecutor(16) as pool:
+        futures = {key: [pool.submit(PACKAGES[key[0]][0].build_entry_point, *job) for job in pair]
+                   for key, pair in jobs.items()}
+        for key, pair in futures.items():
+            BUILT[key] = tuple(f.result() for f in pair)
+    print(f"built {2 * len(jobs)} variant kernels in {time.perf_counter() - T0:.0f} s", flush=True)
+
+
+def plans(case, q, k):
+    """The package's CallPlan and each variant's: a copy with its bwd and postprocess."""
+    p, b, h, kv, s, d, c, dt, w = case
+    A = PACKAGES[p][0]
+    reds = A.reductions(h, kv)
+    plan = A.CallPlan(q, k, c, w, "bshd", d ** -0.5, *reds)
+    variants = {}
+    for name in VARIANTS:
+        variant = variants[name] = copy.copy(plan)
+        variant.bwd, variant.postprocess = BUILT[variant_key(case) + (name,)]
+    return plan, variants, reds
+
+
+def backward(p, plan, reds, q, k, v, sinks, o, lse, do, c, w, d):
+    A = PACKAGES[p][0]
+    return A.run_backward(q, k, v, *sinks, o, lse, do, c, w or None, "bshd", d ** -0.5, *reds, plan=plan)
+
+
+def case_name(p, b, h, kv, s, d, c, dt, w):
+    return f"{p} B{b} H{h}/{kv} S{s} D{d} {'causal' if c else 'full'}{f' window {w}' if w else ''} {dt}"
+
+
+build_variants(ODD + CASES)
+bad = 0
+for case in ODD:
+    p, b, h, kv, s, d, c, dt, w = case
+    A = PACKAGES[p][0]
+    q, k, v, sinks, do = tensors(*case, seed=1)
+    plan, variants, reds = plans(case, q, k)
+    o, lse = A.run_forward(q, k, v, *sinks, c, w or None, "bshd", d ** -0.5, plan=plan)
+    ref = backward(p, plan, reds, q, k, v, sinks, o, lse, do, c, w, d)
+    for name, variant in variants.items():
+        got = backward(p, variant, reds, q, k, v, sinks, o, lse, do, c, w, d)
+        diffs = [(x.float() - y.float()).abs().max().item() for x, y in zip(got, ref)]
+        ok = all(x <= 2e-2 for x in diffs) and all(torch.isfinite(x).all().item() for x in got)
+        bad += not ok
+        print(f"{'ok ' if ok else 'BAD'} {name:16s} {case_name(*case)}: max diff dq dk dv{' dsinks' if sinks else ''} "
+              + " ".join(f"{x:.1e}" for x in diffs), flush=True)
+print("all correct" if not bad else f"{bad} WRONG", flush=True)
+
+print("| case | package bwd ms | " + " | ".join(f"{n} ms" for n in VARIANTS) + " | best / package |")
+print("|---" * (3 + len(VARIANTS)) + "|")
+for case in CASES:
+    p, b, h, kv, s, d, c, dt, w = case
+    A = PACKAGES[p][0]
+    q, k, v, sinks, do = tensors(*case)
+    plan, variants, reds = plans(case, q, k)
+    o, lse = A.run_forward(q, k, v, *sinks, c, w or None, "bshd", d ** -0.5, plan=plan)
+    runs = {"package": plan, **variants}
+    times = {name: [] for name in runs}
+    for _ in range(3):
+        for name, pl in runs.items():
+            times[name].append(B.stream_ms(lambda: backward(p, pl, reds, q, k, v, sinks, o, lse, do, c, w, d)))
+    best = {name: min(t) for name, t in times.items()}
+    print(f"| {case_name(*case)} | {best['package']:.3f} | " + " | ".join(f"{best[n]:.3f}" for n in VARIANTS)
+          + f" | {min(best[n] for n in VARIANTS) / best['package']:.3f} |", flush=True)
+print(f"done in {time.perf_counter() - T0:.0f} s")
