@@ -3,11 +3,16 @@
 # start takes 1-3 of the session's 30 minutes and refused starts count too; it is given back
 # 30 s after a call ends, so have the next call ready; carry .gpu, built with
 # `../shared/tools/gpu-bundle flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof).
-#   1. The tests not yet run with O stored by TMA (the unpaired forward) and the backward grid
-#      with key blocks fastest (runs 99-101 ran attention, attention_sink and gqa's with one or
-#      both): TESTS_TIMEOUT=540 bash docs/profiling/next_gpu_run.sh tests gqa attention_recompute
-#      attention_tuned
-#   2. bench attention gqa attention_sink through the public function with both changes.
+#   1. O staged by TMA in the paired and several-heads forwards too (session 22, after run 101,
+#      which measured it in the unpaired forward: CPU compile check only). Here first: `bash
+#      docs/profiling/next_gpu_run.sh baseline 5dd8f62` (generated/attention_registers, the
+#      template before). On the GPU, one call: `python docs/profiling/stage_o_probe.py` (outputs
+#      bit-identical, then staged / registers; the causal S1000-S2048 cases run the paired
+#      forward), then TESTS_TIMEOUT=450 bash docs/profiling/next_gpu_run.sh tests attention
+#      attention_sink gqa attention_recompute attention_tuned (gqa, attention_recompute and
+#      attention_tuned have not run since the backward grid change either). If it loses or
+#      fails, revert the commit "the paired and several-heads forwards stage O".
+#   2. bench attention gqa attention_sink through the public function.
 #   3. Backward variants: `timeout 500 python docs/profiling/bwd_variants_probe.py`: dQ atomics by
 #      pairs (the accumulator laid out so TileLang vectorizes them to one 8-byte add per pair,
 #      half the RED instructions), the overlapped backward (bwd_schedules.py: async WGMMA, +3-5%
@@ -23,6 +28,16 @@
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
+if [ "$what" = baseline ]; then
+  # On the CPU machine: generated/attention_registers, the attention package rendered from the
+  # template of commit $1 (stage_o_probe's baseline); untracked, so it travels to the GPU machine.
+  cp templates/attention/kernels.py.jinja /tmp/kernels.py.jinja.now
+  git show "$1:templates/attention/kernels.py.jinja" > templates/attention/kernels.py.jinja
+  sed 's/^name = "attention"/name = "attention_registers"/' specs/attention.toml > /tmp/attention_registers.toml
+  opgen build --no-compile --force /tmp/attention_registers.toml
+  cp /tmp/kernels.py.jinja.now templates/attention/kernels.py.jinja
+  exit 0
+fi
 if [ "$what" = prep ]; then
   site=$(python -c "import typer, os; print(os.path.dirname(os.path.dirname(typer.__file__)))")
   mkdir -p .prof/site

@@ -1,12 +1,16 @@
 """The attention forward with O stored through shared memory by TMA (`generated/attention`, the
 template's staged epilogue) against the same forward with O stored from registers
-(`generated/attention_registers`: the template before it, rendered under that name with
-`opgen build --no-compile` from a copy of specs/attention.toml), through the public function under
-torch.no_grad, interleaved in one process, with SDPA's cuDNN beside them. Outputs must be
-bit-identical (the same values, only the store path differs), at odd lengths and both layouts
-too. On an H200:
+(`generated/attention_registers`, rendered from an earlier template under that name by
+`bash docs/profiling/next_gpu_run.sh baseline COMMIT` on the CPU machine), through the public
+function under torch.no_grad, interleaved in one process, with SDPA's cuDNN beside them. Outputs
+must be bit-identical (the same values, only the store path differs), at odd lengths and both
+layouts too. On an H200:
 
     python docs/profiling/stage_o_probe.py
+
+Run 101 compared the unpaired forward (baseline 3ef2b4c); the paired causal forward (at most 16
+query blocks: S <= 2048 at 128 rows) stages O since session 22's second change (baseline
+5dd8f62): the S1000, S1024 and S2048 causal cases run it.
 """
 import os
 import sys
@@ -24,7 +28,8 @@ from generated.attention import attention as staged
 
 ODD = [(1, 16, 1000, 64, True), (3, 16, 77, 64, False), (2, 16, 333, 128, False), (1, 16, 4097, 128, True),
        (1, 16, 130, 128, True)]
-CASES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (4, 16, 4096, 64, False),
+CASES = [(16, 16, 1024, 64, True), (8, 16, 2048, 64, True), (8, 16, 2048, 128, True), (16, 16, 1024, 128, True),
+         (4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (4, 16, 4096, 64, False),
          (4, 16, 4096, 64, True), (2, 16, 8192, 64, True), (8, 16, 2048, 64, False), (16, 16, 1024, 64, False)]
 
 

@@ -371,7 +371,8 @@ def attention_sink_fwd(
         """O and lse of query head h's rows of this block. O_shared (a free [block_m, dim] tile):
         O goes through it, stored by TMA in whole rows rather than by each thread's 4-byte pieces
         from registers (0.3-3% faster forwards on an H200). The paired and several-heads
-        forwards finish rows inside their pipelined loop, where no tile is free: from registers."""
+        forwards finish rows inside their pipelined loop, where Q's tile is still in use: they
+        stage O in a tile of its own."""
         # The sink joins the denominator (and so lse) but adds nothing to the output.
         for i in T.Parallel(block_m):
             row_denom[i] += T.exp2(Sinks[h] * LOG2E - row_max[i] * scale)
@@ -425,6 +426,7 @@ def attention_sink_fwd(
                 Q_shared = T.alloc_shared([block_m, dim], dtype)
                 K_shared = T.alloc_shared([block_n, dim], dtype)
                 V_shared = T.alloc_shared([block_n, dim], dtype)
+                O_shared = T.alloc_shared([block_m, dim], dtype)
                 acc_s = T.alloc_fragment([block_m, block_n], ACCUM)
                 acc_s_cast = T.alloc_fragment([block_m, block_n], dtype)
                 acc_o = T.alloc_fragment([block_m, dim], ACCUM)
@@ -469,7 +471,7 @@ def attention_sink_fwd(
                         k,
                     )
                     if key_step == n - 1:
-                        finish_rows(Sinks, O, lse, acc_o, row_max, row_denom, bx, h, bz)
+                        finish_rows(Sinks, O, lse, acc_o, row_max, row_denom, bx, h, bz, O_shared)
 
         return fwd_heads
 
@@ -490,6 +492,7 @@ def attention_sink_fwd(
                 Q_shared = T.alloc_shared([block_m, dim], dtype)
                 K_shared = T.alloc_shared([block_n, dim], dtype)
                 V_shared = T.alloc_shared([block_n, dim], dtype)
+                O_shared = T.alloc_shared([block_m, dim], dtype)
                 acc_s = T.alloc_fragment([block_m, block_n], ACCUM)
                 acc_s_cast = T.alloc_fragment([block_m, block_n], dtype)
                 acc_o = T.alloc_fragment([block_m, dim], ACCUM)
@@ -536,7 +539,7 @@ def attention_sink_fwd(
                         k,
                     )
                     if step == n_short - 1 or step == n_short + n_long - 1:
-                        finish_rows(Sinks, O, lse, acc_o, row_max, row_denom, bx, by, bz)
+                        finish_rows(Sinks, O, lse, acc_o, row_max, row_denom, bx, by, bz, O_shared)
 
         return fwd_pairs
 

@@ -445,7 +445,9 @@ def smem_bytes(phase: str, tiling: GemmTiling, dim: int) -> int:
 
     Pipelined tiles are held once per stage; every buffer is counted rounded up to 1 KiB (TileLang
     aligns TMA and swizzled buffers; small lse/Delta vectors grow when seq_len is block-aligned);
-    in bwd the dK/dV staging buffers reuse the loop's space after the loop.
+    in bwd the dK/dV staging buffers reuse the loop's space after the loop. fwd is the unpaired
+    forward (O staged in Q's tile): the paired one, built from the causal tiling, holds Q per
+    stage and an O tile of its own, and the compile check measures it.
     """
     elem = DTYPE_BYTES["float16"]
     stages = max(1, tiling.num_stages)
