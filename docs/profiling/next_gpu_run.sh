@@ -24,7 +24,7 @@
 #   4. Where the backward's issue slots go (IPC 1.22 vs cuDNN's 1.47 at D128 full, run 98; a third
 #      of the stalls on global results, yet the L2 misses were not it, run 99): `bash
 #      docs/profiling/next_gpu_run.sh source attention full` (the stall samples per SASS line of
-#      the bwd kernel; read the top lines with their CUDA source).
+#      the bwd kernel), then here `python docs/profiling/sass_stalls.py source-attention-full-sass.csv.gz`.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
