@@ -25,6 +25,8 @@
 #      of the stalls on global results, yet the L2 misses were not it, run 99): `bash
 #      docs/profiling/next_gpu_run.sh source attention full` (the stall samples per SASS line of
 #      the bwd kernel), then here `python docs/profiling/sass_stalls.py source-attention-full-sass.csv.gz`.
+#   5. rmsnorm's and scaled_silu's host rows (last measured in run 50, before the no-grad route):
+#      python -m generated.rmsnorm.bench_rmsnorm --overhead; the same for scaled_silu.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
