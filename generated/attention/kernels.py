@@ -331,19 +331,16 @@ def attention_fwd(
         T.fill(row_max, NEG_INIT)
 
     @T.macro
-    def finish_rows(O, lse, acc_o, row_max, row_denom, bx, h, bz, O_shared=None):
-        """O and lse of query head h's rows of this block. O_shared (a free [block_m, dim] tile):
-        O goes through it, stored by TMA in whole rows rather than by each thread's 4-byte pieces
-        from registers (0.3-3% faster forwards on an H200). The paired and several-heads
-        forwards finish rows inside their pipelined loop, where Q's tile is still in use: they
-        stage O in a tile of its own."""
+    def finish_rows(O, lse, acc_o, row_max, row_denom, bx, h, bz, O_shared):
+        """O and lse of query head h's rows of this block. O goes through O_shared (a free
+        [block_m, dim] tile), stored by TMA in whole rows rather than by each thread's 4-byte
+        pieces from registers (0.3-3% faster forwards on an H200). The unpaired forward stages it
+        in Q's tile; the paired and several-heads forwards finish rows inside their pipelined
+        loop, where Q's tile is still in use, and stage it in a tile of their own."""
         for i, j in T.Parallel(block_m, dim):
             acc_o[i, j] /= row_denom[i]
-        if O_shared is None:
-            T.copy(acc_o, rows(O, bz, h, bx * block_m, block_m))
-        else:
-            T.copy(acc_o, O_shared)
-            T.copy(O_shared, rows(O, bz, h, bx * block_m, block_m))
+        T.copy(acc_o, O_shared)
+        T.copy(O_shared, rows(O, bz, h, bx * block_m, block_m))
         # lse stored by the loop that computes it, unguarded: TileLang guards each store past
         # padded_rows itself. A T.copy from the fragment, or a guard written here, costs its
         # layout inference ~2 s over the symbolic padded_rows (a cold first call waits for it).
