@@ -11,7 +11,7 @@
 #      forward), then TESTS_TIMEOUT=450 bash docs/profiling/next_gpu_run.sh tests attention
 #      attention_sink gqa attention_recompute attention_tuned (gqa, attention_recompute and
 #      attention_tuned have not run since the backward grid change either). If it loses or
-#      fails, revert the commit "the paired and several-heads forwards stage O".
+#      fails, `git revert 49b71b0 87898f2` (the paired and several-heads forwards' staging).
 #   2. bench attention gqa attention_sink through the public function.
 #   3. Backward variants: `timeout 500 python docs/profiling/bwd_variants_probe.py`: dQ atomics by
 #      pairs (the accumulator laid out so TileLang vectorizes them to one 8-byte add per pair,
