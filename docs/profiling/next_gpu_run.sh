@@ -27,6 +27,10 @@
 #      the bwd kernel), then here `python docs/profiling/sass_stalls.py source-attention-full-sass.csv.gz`.
 #   5. rmsnorm's and scaled_silu's host rows (last measured in run 50, before the no-grad route):
 #      python -m generated.rmsnorm.bench_rmsnorm --overhead; the same for scaled_silu.
+#   6. rmsnorm's backward with its rows pipelined (docs/profiling/rmsnorm_bwd_pipelined.py: row
+#      s + 1 copied into shared memory while row s is reduced; a warp-specialized TMA build and a
+#      cp.async build; the shipped one is latency-bound at 62-73% of copy): `timeout 300 python
+#      docs/profiling/rmsnorm_bwd_pipelined_probe.py` (24 kernels compile for sm_90a here).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
