@@ -25,8 +25,9 @@
 #      of the stalls on global results, yet the L2 misses were not it, run 99): `bash
 #      docs/profiling/next_gpu_run.sh source attention full` (the stall samples per SASS line of
 #      the bwd kernel), then here `python docs/profiling/sass_stalls.py source-attention-full-sass.csv.gz`.
-#   5. rmsnorm's and scaled_silu's host rows (last measured in run 50, before the no-grad route):
-#      python -m generated.rmsnorm.bench_rmsnorm --overhead; the same for scaled_silu.
+#   5. rmsnorm's and scaled_silu's benches (GB/s through the public function at the issue's
+#      shapes, and the host rows, last measured in run 50, before the no-grad route): `bash
+#      docs/profiling/next_gpu_run.sh bench rmsnorm scaled_silu`.
 #   6. rmsnorm's backward with its rows pipelined (docs/profiling/rmsnorm_bwd_pipelined.py: row
 #      s + 1 copied into shared memory while row s is reduced; a warp-specialized TMA build and a
 #      cp.async build; the shipped one is latency-bound at 62-73% of copy): `timeout 300 python
