@@ -14,10 +14,11 @@ import os
 import sys
 
 sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tilelang
 import tilelang.language as T
 
-ACCUM = "float32"
+from rmsnorm_bwd_rows import ACCUM, weight_and_dw_macros
 
 
 def pipelined_bwd(cols, dtype, w_dtype, eps, block_rows, block_channels, threads, num_stages=2):
@@ -26,6 +27,7 @@ def pipelined_bwd(cols, dtype, w_dtype, eps, block_rows, block_channels, threads
     chunks = -(-cols // block_channels)
     width = chunks * block_channels
     inv_cols = 1.0 / cols
+    load_w, add_dw = weight_and_dw_macros(cols, block_channels)
 
     @T.prim_func
     def bwd(
@@ -43,11 +45,7 @@ def pipelined_bwd(cols, dtype, w_dtype, eps, block_rows, block_channels, threads
             dw_sums = T.alloc_shared([width], ACCUM)
             dots = T.alloc_fragment([1, block_channels], ACCUM)
             dot = T.alloc_fragment([1], ACCUM)
-            for k in T.serial(chunks):
-                for j in T.Parallel(block_channels):
-                    c = k * block_channels + j
-                    w[c] = T.if_then_else(c < cols, T.cast(W[c], ACCUM), 0)
-                    dw_sums[c] = 0
+            load_w(W, w, dw_sums)
             for s in T.Pipelined(T.min(block_rows, rows - bx * block_rows), num_stages=num_stages):
                 r = bx * block_rows + s
                 T.copy(X[r : r + 1, 0:cols], x_row)
@@ -68,11 +66,7 @@ def pipelined_bwd(cols, dtype, w_dtype, eps, block_rows, block_channels, threads
                             dy = T.cast(dy_row[0, c], ACCUM)
                             dX[r, c] = T.cast(rstd * (w[c] * dy - x * (rstd * rstd * dot[0] * inv_cols)), dtype)
                             dw_sums[c] += dy * x * rstd
-            for k in T.serial(chunks):
-                for j in T.Parallel(block_channels):
-                    c = k * block_channels + j
-                    if c < cols:
-                        T.atomic_add(dW[c], dw_sums[c])
+            add_dw(dW, dw_sums)
 
     return bwd
 

@@ -16,6 +16,30 @@ import tilelang.language as T
 ACCUM = "float32"
 
 
+def weight_and_dw_macros(cols, block_channels):
+    """The backward prototypes' first and last loops: w (fp32, 0 past cols) into shared memory
+    with the block's dw sums cleared, and the block's one atomic add of its sums per channel."""
+    chunks = -(-cols // block_channels)
+
+    @T.macro
+    def load_w(W, w, dw_sums):
+        for k in T.serial(chunks):
+            for j in T.Parallel(block_channels):
+                c = k * block_channels + j
+                w[c] = T.if_then_else(c < cols, T.cast(W[c], ACCUM), 0)
+                dw_sums[c] = 0
+
+    @T.macro
+    def add_dw(dW, dw_sums):
+        for k in T.serial(chunks):
+            for j in T.Parallel(block_channels):
+                c = k * block_channels + j
+                if c < cols:
+                    T.atomic_add(dW[c], dw_sums[c])
+
+    return load_w, add_dw
+
+
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
 def rmsnorm_bwd_rows(cols, dtype, w_dtype, eps, block_rows, block_channels, threads, rows_in_flight):
     rows = T.dynamic("rows")
@@ -24,6 +48,7 @@ def rmsnorm_bwd_rows(cols, dtype, w_dtype, eps, block_rows, block_channels, thre
     width = chunks * block_channels
     inv_cols = 1.0 / cols
     group = rows_in_flight
+    load_w, add_dw = weight_and_dw_macros(cols, block_channels)
 
     @T.prim_func
     def bwd(
@@ -45,11 +70,7 @@ def rmsnorm_bwd_rows(cols, dtype, w_dtype, eps, block_rows, block_channels, thre
             dot = T.alloc_fragment([group], ACCUM)
             terms = T.alloc_fragment([group, block_channels], ACCUM)
             column = T.alloc_fragment([block_channels], ACCUM)
-            for k in T.serial(chunks):
-                for j in T.Parallel(block_channels):
-                    c = k * block_channels + j
-                    w[c] = T.if_then_else(c < cols, T.cast(W[c], ACCUM), 0)
-                    dw_sums[c] = 0
+            load_w(W, w, dw_sums)
             for g in T.serial(block_rows // group):
                 r0 = bx * block_rows + g * group
                 T.clear(dots)
@@ -82,10 +103,6 @@ def rmsnorm_bwd_rows(cols, dtype, w_dtype, eps, block_rows, block_channels, thre
                     T.reduce_sum(terms, column, dim=0)
                     for j in T.Parallel(block_channels):
                         dw_sums[k * block_channels + j] += column[j]
-            for k in T.serial(chunks):
-                for j in T.Parallel(block_channels):
-                    c = k * block_channels + j
-                    if c < cols:
-                        T.atomic_add(dW[c], dw_sums[c])
+            add_dw(dW, dw_sums)
 
     return bwd
