@@ -16,6 +16,8 @@ def rows(path):
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", newline="") as f:
         lines = [line for line in f if line.startswith('"')]  # ncu's banner lines are not CSV
+    # A "Kernel Name" line comes before the header row, which starts with "Address".
+    lines = lines[next(i for i, line in enumerate(lines) if line.startswith('"Address"')):]
     return list(csv.DictReader(lines))
 
 
