@@ -5,6 +5,7 @@ atomics."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import re
 from pathlib import Path
@@ -21,6 +22,7 @@ from opgen.families.rmsnorm import (
     explain,
     matrix,
     padded,
+    bwd_row_stages,
     shared_bytes,
 )
 from opgen.plan import SM90_SMEM_LIMIT, weighted_bytes_moved
@@ -243,10 +245,27 @@ def test_shared_bytes():
     fwd, bwd = DEFAULT_TILING["fwd"].model_dump(), DEFAULT_TILING["bwd"].model_dump()
     # fwd: 1 row of x (fp16) plus its fp32 rstd, and the reduction's 128 x 4-byte workspace.
     assert shared_bytes("fwd", fwd, 77, 2) == 1 * (1024 * 2 + 4) + 512
-    # bwd: one row of x and dy (fp16), w and dw (fp32), two workspaces: 12 bytes a channel.
-    assert shared_bytes("bwd", bwd, 4096, 2) == 4096 * 12 + 2048
-    assert shared_bytes("bwd", bwd, 4097, 2) == 5120 * 12 + 2048  # C padded to 1024-chunks
+    # bwd, rows copied asynchronously (C * 2 bytes a multiple of 16): two rows each of x and dy
+    # (fp16), w and dw (fp32), two workspaces: 16 bytes a channel.
+    assert shared_bytes("bwd", bwd, 4096, 2) == 4096 * 16 + 2048
+    # Rows loaded by the first pass, one row of x and dy: 12 bytes a channel. A row off the
+    # 16-byte grid (C padded to 1024-chunks), or two stages over the limit at C = 16384.
+    assert shared_bytes("bwd", bwd, 4097, 2) == 5120 * 12 + 2048
+    assert shared_bytes("bwd", bwd, 16384, 2) == 16384 * 12 + 2048
     assert shared_bytes("bwd", bwd, 16384, 2) <= SM90_SMEM_LIMIT < shared_bytes("bwd", bwd, 20000, 2)
+
+
+def test_bwd_row_stages_match_the_generated_kernels():
+    """opgen's estimate (explain, the max_channels check) and the generated kernels' run-time
+    choice of async row copies are one rule written twice: they must agree."""
+    kernels = importlib.import_module("generated.rmsnorm.kernels")
+    tiling = DEFAULT_TILING["bwd"].model_dump()
+    for dtype in ("float16", "bfloat16", "float32"):
+        elem = kernels.ELEMENT_BYTES[dtype]
+        for channels in (1, 8, 77, 1000, 1024, 4096, 4097, 5000, 8192, 12288, 13000, 14336, 16384):
+            args = (channels, dtype, tiling["block_channels"], tiling["threads"])
+            stages = kernels.ROW_STAGES if kernels.rows_by_async_copy(*args) else 1
+            assert bwd_row_stages(tiling, channels, elem) == stages, (dtype, channels)
 
 
 def test_plan_test_cases_and_tail_case(project):
@@ -305,7 +324,7 @@ def test_explain_tables(project):
     kernels = tables["kernels"]
     assert kernels[0] == ["factory", "phase", "grid", "tiling", "shared memory", "computes"]
     assert kernels[1][2].endswith("= (16384,)") and kernels[2][2].endswith("= (1024,)")
-    assert kernels[2][4] == "50.0 KiB"
+    assert kernels[2][4] == "66.0 KiB"  # two rows of x and dy in flight (async copies)
     dw = tables["gradient reductions"][2]
     assert dw[:2] == ["dw", "atomic"] and dw[4] == "4194304 (1024 per address)"
     saved = {row[0]: row[1] for row in tables["saved for backward"][1:]}

@@ -4,8 +4,9 @@
 
 The kernels take x as a [rows, C] matrix (every dim but the last folded into rows) and w as [C].
 A block covers block_rows rows and loops over C in chunks of block_channels; the last chunk is
-guarded, so any C up to the padded row width works. The rows are staged in shared memory on the
-first pass (the row sums) and read back from there on the second, so x and dy leave HBM once.
+guarded, so any C up to the padded row width works. The rows are staged in shared memory (by the
+first pass, which takes the row sums, or by asynchronous copies a row ahead in the backward) and
+read back from there on the second pass, so x and dy leave HBM once.
 C, dtypes, eps, whether rstd is saved, the dw reduction and the tiling are factory arguments; the
 row count is symbolic (bound from x at each call), so one compiled kernel per variant serves every
 row count. Every sum runs in fp32.
@@ -19,6 +20,12 @@ import tilelang
 import tilelang.language as T
 
 ACCUM = "float32"
+ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+# Shared memory one block may use on sm_90.
+SHARED_MEMORY_LIMIT = 232448
+# Rows the backward keeps in flight when it copies them asynchronously (3 does not lower over a
+# symbolic row count in TileLang 0.1.15).
+ROW_STAGES = 2
 
 # Tiling per phase, from the spec's [tiling] tables.
 FWD_TILING = {"block_rows": 1, "block_channels": 1024, "threads": 128}
@@ -28,6 +35,19 @@ BWD_TILING = {"block_rows": 16, "block_channels": 1024, "threads": 256}
 def padded(cols, block_channels):
     """C rounded up to whole chunks: the width of a row staged in shared memory."""
     return -(-cols // block_channels) * block_channels
+
+
+def rows_by_async_copy(cols, dtype, block_channels, threads):
+    """Whether the bwd kernel copies its rows into shared memory asynchronously (cp.async, row
+    s + 1 in flight while row s is reduced), rather than loading them in its first pass: a block
+    walks its rows one at a time, and with plain loads only the current row's loads are in flight.
+    Needs every row to start on a 16-byte boundary (cp.async moves 16-byte vectors) and
+    ROW_STAGES rows of x and dy to fit beside w and the dw sums (fp32) and the two row sums'
+    workspaces."""
+    elem = ELEMENT_BYTES[dtype]
+    width = padded(cols, block_channels)
+    staged = width * (ROW_STAGES * 2 * elem + 2 * 4) + 2 * 4 * threads
+    return cols * elem % 16 == 0 and staged <= SHARED_MEMORY_LIMIT
 
 
 def dw_buffer(reduction, rows, cols, block_rows):
@@ -108,16 +128,26 @@ def rmsnorm_fwd(cols, dtype, w_dtype, eps, save_rstd, block_rows, block_channels
     return fwd
 
 
-@tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
+# No warp specialization nor TMA: the bwd's row copies are cp.async issued by every thread, so a
+# block keeps the registers it needs and several blocks share an SM (TMA with a producer warpgroup
+# measured half as fast at C = 1024).
+@tilelang.jit(
+    pass_configs={
+        tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
+        tilelang.PassConfigKey.TL_DISABLE_WARP_SPECIALIZED: True,
+        tilelang.PassConfigKey.TL_DISABLE_TMA_LOWER: True,
+    }
+)
 def rmsnorm_bwd(
     cols, dtype, w_dtype, eps, save_rstd, reduction, block_rows, block_channels, threads
 ):
     """dx = rstd * (w * dy - x * rstd^2 * mean(w * dy * x)); dw: the block's fp32 sums of dy * x * rstd over its rows, one atomic add or partial per channel. Grid (ceildiv(rows, block_rows),).
 
-    A block walks its rows one at a time: the first pass over the chunks stages the row of x and
-    dy in shared memory and sums w * dy * x (and x^2 without a saved rstd); the second writes dx
-    and adds dy * x * rstd to the block's fp32 dw sums, one per channel in shared memory, which
-    the block adds (atomic) or stores (split) once at the end.
+    A block walks its rows one at a time. Each row of x and dy is staged in shared memory: copied
+    asynchronously one row ahead where `rows_by_async_copy` allows, else loaded by the first pass
+    over the chunks. The first pass sums w * dy * x (and x^2 without a saved rstd); the second
+    writes dx and adds dy * x * rstd to the block's fp32 dw sums, one per channel in shared
+    memory, which the block adds (atomic) or stores (split) once at the end.
 
     No out_idx: dX (written once per element) and dW (the fp32 buffer of `dw_buffer`: zeroed for
     atomic) are passed in. Rstd (fp32 per row) is an input with save_rstd, else recomputed.
@@ -127,12 +157,17 @@ def rmsnorm_bwd(
     chunks = -(-cols // block_channels)
     width = padded(cols, block_channels)
     inv_cols = 1.0 / cols
+    async_rows = rows_by_async_copy(cols, dtype, block_channels, threads)
+
+    def row_loop(extent):
+        """The loop over a block's rows: pipelined (the next row's copies issued ahead) or plain."""
+        return T.Pipelined(extent, num_stages=ROW_STAGES) if async_rows else T.serial(extent)
 
     @T.macro
     def body(X, Rstd, W, dY, dX, dW):
         with T.Kernel(T.ceildiv(rows, block_rows), threads=threads) as bx:
-            x_row = T.alloc_shared([width], dtype)
-            dy_row = T.alloc_shared([width], dtype)
+            x_row = T.alloc_shared([1, width], dtype)
+            dy_row = T.alloc_shared([1, width], dtype)
             w = T.alloc_shared([width], ACCUM)
             dw_sums = T.alloc_shared([width], ACCUM)
             dots = T.alloc_fragment([1, block_channels], ACCUM)
@@ -145,19 +180,27 @@ def rmsnorm_bwd(
                     w[c] = T.if_then_else(c < cols, T.cast(W[c], ACCUM), 0)
                     dw_sums[c] = 0
             # Only the block's rows that exist: the last block may have fewer than block_rows.
-            for s in T.serial(T.min(block_rows, rows - bx * block_rows)):
+            block_rows_here = T.min(block_rows, rows - bx * block_rows)
+            for s in row_loop(block_rows_here):
                 r = bx * block_rows + s
+                if async_rows:
+                    T.copy(X[r : r + 1, 0:cols], x_row[0:1, 0:cols])
+                    T.copy(dY[r : r + 1, 0:cols], dy_row[0:1, 0:cols])
                 T.clear(dots)
                 if not save_rstd:
                     T.clear(squares)
                 for k in T.serial(chunks):
                     for i, j in T.Parallel(1, block_channels):
                         c = k * block_channels + j
-                        # Tail channels load 0: they add nothing to the sums or to dw.
-                        x = T.if_then_else(c < cols, X[r, c], T.cast(0, dtype))
-                        dy = T.if_then_else(c < cols, dY[r, c], T.cast(0, dtype))
-                        x_row[c] = x
-                        dy_row[c] = dy
+                        # Tail channels count 0: they add nothing to the sums.
+                        if async_rows:
+                            x = T.if_then_else(c < cols, x_row[0, c], T.cast(0, dtype))
+                            dy = T.if_then_else(c < cols, dy_row[0, c], T.cast(0, dtype))
+                        else:
+                            x = T.if_then_else(c < cols, X[r, c], T.cast(0, dtype))
+                            dy = T.if_then_else(c < cols, dY[r, c], T.cast(0, dtype))
+                            x_row[0, c] = x
+                            dy_row[0, c] = dy
                         dots[i, j] += w[c] * T.cast(dy, ACCUM) * T.cast(x, ACCUM)
                         if not save_rstd:
                             squares[i, j] += T.cast(x, ACCUM) * T.cast(x, ACCUM)
@@ -169,14 +212,14 @@ def rmsnorm_bwd(
                         c = k * block_channels + j
                         # dot and sum_sq hold one replicated value: every thread reads its own copy.
                         rstd = Rstd[r] if save_rstd else T.rsqrt(sum_sq[0] * inv_cols + eps)
-                        x = T.cast(x_row[c], ACCUM)
-                        dy = T.cast(dy_row[c], ACCUM)
+                        x = T.cast(x_row[0, c], ACCUM)
+                        dy = T.cast(dy_row[0, c], ACCUM)
                         if c < cols:
                             # d(x * rstd * w)/dx . dy, with mean(w * dy * x) = dot / C
                             dX[r, c] = T.cast(
                                 rstd * (w[c] * dy - x * (rstd * rstd * dot[0] * inv_cols)), dtype
                             )
-                        dw_sums[c] += dy * x * rstd
+                            dw_sums[c] += dy * x * rstd
             # One add (or store) per channel of the block; channels past cols are guarded.
             for k in T.serial(chunks):
                 for j in T.Parallel(block_channels):

@@ -103,16 +103,33 @@ def padded(channels: int, block_channels: int) -> int:
     return ceildiv(channels, block_channels) * block_channels
 
 
+# Rows of x and dy the bwd kernel keeps in flight when it copies them asynchronously.
+BWD_ROW_STAGES = 2
+
+
+def bwd_row_stages(tiling: dict[str, int], channels: int, elem: int) -> int:
+    """Rows of x and dy the bwd kernel stages in shared memory at C = channels: BWD_ROW_STAGES
+    where it copies them asynchronously (every row on a 16-byte boundary, and the stages fit),
+    else 1, loaded by its first pass. The generated kernels.py makes the same choice at run time
+    (rows_by_async_copy; a test keeps the two in step)."""
+    width = padded(channels, tiling["block_channels"])
+    staged = width * (BWD_ROW_STAGES * 2 * elem + 2 * ACCUM_BYTES) + 2 * ACCUM_BYTES * tiling["threads"]
+    aligned = channels * elem % 16 == 0
+    return BWD_ROW_STAGES if aligned and staged <= SM90_SMEM_LIMIT else 1
+
+
 def shared_bytes(phase: str, tiling: dict[str, int], channels: int, elem: int) -> int:
     """Shared memory of one block at C = channels (TileLang places these buffers; the compile
     check reads the real figure). fwd: its block_rows rows of x in x's dtype, the fp32 rstd per
-    row, the reduction's workspace. bwd: one row of x and of dy in x's dtype, w and the block's dw
-    sums in fp32 across the row, one workspace per row sum (x^2 and w * dy * x)."""
+    row, the reduction's workspace. bwd: its staged rows of x and dy (bwd_row_stages) in x's
+    dtype, w and the block's dw sums in fp32 across the row, one workspace per row sum (x^2 and
+    w * dy * x)."""
     width = padded(channels, tiling["block_channels"])
     workspace = ACCUM_BYTES * tiling["threads"]
     if phase == "fwd":
         return tiling["block_rows"] * (width * elem + ACCUM_BYTES) + workspace
-    return width * (2 * elem + 2 * ACCUM_BYTES) + 2 * workspace
+    rows = bwd_row_stages(tiling, channels, elem)
+    return width * (rows * 2 * elem + 2 * ACCUM_BYTES) + 2 * workspace
 
 
 def chunks_fit_threads(spec: Spec):
@@ -212,6 +229,9 @@ class Plan(SavedAuxPlan):
     eps_literal: str  # eps as Python source
     max_channels: int
     save_rstd: bool  # the spec's: the public function's
+    # bwd_row_stages's rule, as the generated kernels apply it at run time.
+    bwd_row_stages: int = BWD_ROW_STAGES
+    shared_memory_limit: int = SM90_SMEM_LIMIT
 
 
 def plan(spec: Spec, source: SourceInfo) -> Plan:
