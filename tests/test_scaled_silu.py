@@ -76,7 +76,7 @@ def same_but_tolerance_tables(a: Spec, b: Spec) -> bool:
 
 def test_partial_tiling_override_keeps_the_other_defaults(project):
     p = plan_of(project, MINIMAL + "[tiling.bwd]\nthreads = 128\n")
-    assert p.kernels["bwd"].tiling == {"block_rows": 1, "block_cols": 8192, "threads": 128}
+    assert p.kernels["bwd"].tiling == {"block_rows": 1, "block_cols": 4096, "threads": 128}
     assert p.kernels["fwd"].tiling == {"block_rows": 1, "block_cols": 4096, "threads": 256}
 
 
@@ -177,11 +177,11 @@ def test_plan_kernels(project):
     assert [k.tiling_name for k in p.kernels.values()] == ["FWD_TILING", "BWD_TILING"]
     assert all(k.out_idx is None for k in p.kernels.values())
     # A scalar weight views x as one row: 1 x block tiles.
-    assert p.kernels["bwd"].tiling == {"block_rows": 1, "block_cols": 8192, "threads": 256}
+    assert p.kernels["bwd"].tiling == {"block_rows": 1, "block_cols": 4096, "threads": 256}
     assert p.kernels["bwd"].grid == "(ceildiv(cols, block_cols),)"
     c = plan_of(project, CHANNEL)
     assert c.kernels["fwd"].tiling == {"block_rows": 16, "block_cols": 256, "threads": 256}
-    assert c.kernels["bwd"].tiling == {"block_rows": 32, "block_cols": 256, "threads": 256}
+    assert c.kernels["bwd"].tiling == {"block_rows": 16, "block_cols": 256, "threads": 256}
     # One grid dim: the row blocks are not bounded by a second dim's 65535.
     assert c.kernels["bwd"].grid == "(ceildiv(rows, block_rows) * ceildiv(cols, block_cols),)"
 
@@ -224,16 +224,16 @@ def test_plan_weight_expressions(project):
 
 def test_int32_extent_leaves_a_block_of_headroom(project):
     """ceildiv and the tile bounds add up to a block to the symbolic dim: the longest int32 one
-    is 2^31 - 1 less the largest block along it (cols: 8192 of bwd; rows: its 32-row tiles)."""
-    assert plan_of(project).int32_extent == 2**31 - 1 - 8192
-    assert plan_of(project, CHANNEL).int32_extent == 2**31 - 1 - 32
+    is 2^31 - 1 less the largest block along it (cols: 4096, fwd and bwd; rows: its 16-row tiles)."""
+    assert plan_of(project).int32_extent == 2**31 - 1 - 4096
+    assert plan_of(project, CHANNEL).int32_extent == 2**31 - 1 - 16
     wide_fwd = plan_of(project, MINIMAL + "[tiling.fwd]\nblock = 65536\n")
     assert wide_fwd.int32_extent == 2**31 - 1 - 65536
 
 
 def test_tile_and_matrix():
-    assert tile("scalar", DEFAULT_TILING["bwd"]) == (1, 8192)
-    assert tile("channel", DEFAULT_TILING["bwd"]) == (32, 256)
+    assert tile("scalar", DEFAULT_TILING["bwd"]) == (1, 4096)
+    assert tile("channel", DEFAULT_TILING["bwd"]) == (16, 256)
     assert matrix("scalar", (3, 1000, 77)) == (1, 231000)
     assert matrix("channel", (3, 1000, 77)) == (3000, 77)
     assert matrix("channel", (4097,)) == (1, 4097)
@@ -296,15 +296,15 @@ def test_explain_tables(project):
     assert set(tables) >= {"kernels", "saved for backward", "gradient reductions"}
     kernels = tables["kernels"]
     assert kernels[0] == ["factory", "phase", "grid", "tiling", "computes"]
-    assert kernels[1][2].endswith("= (16384,)") and kernels[2][2].endswith("= (8192,)")
+    assert kernels[1][2].endswith("= (16384,)") and kernels[2][2].endswith("= (16384,)")
     dw = tables["gradient reductions"][2]
-    assert dw[:2] == ["dw", "atomic"] and dw[4] == "8192 (8192 per address)"
+    assert dw[:2] == ["dw", "atomic"] and dw[4] == "16384 (16384 per address)"
     c = plan_of(project, CHANNEL + '[grads.dw]\nreduction = "split"\n[saved]\nsigmoid = "save"\n')
     titled = explain(c, {"rows": 8192, "channels": 8192, "dtype": "bfloat16"})
     assert titled[0][0].endswith("kernels see [8192, 8192], rows symbolic, int32)")
     tables = dict(titled)
-    assert tables["kernels"][2][2].endswith("= (8192,)")  # 256 row blocks x 32 column blocks
-    assert tables["gradient reductions"][2][3] == "8.0 MiB"  # 256 row blocks x 8192 fp32 partials
+    assert tables["kernels"][2][2].endswith("= (16384,)")  # 512 row blocks x 32 column blocks
+    assert tables["gradient reductions"][2][3] == "16.0 MiB"  # 512 row blocks x 8192 fp32 partials
     saved = {row[0]: row[1] for row in tables["saved for backward"][1:]}
     assert saved["sigmoid"] == "256.0 MiB"  # fp32
 
@@ -531,7 +531,7 @@ def test_full_tiles_load_and_store_vectors(lowered):
     for access in ("*(uint2*)(X + ", "*(uint2*)(Y + ", "*(float4*)(S + "):
         assert access in saved, saved
     bwd = lowered["s", "bwd float16 sigmoid=recompute dw=atomic"]
-    assert "if (((((int)blockIdx.x) * 8192) + 8192) <= cols) {" in bwd, bwd
+    assert "if (((((int)blockIdx.x) * 4096) + 4096) <= cols) {" in bwd, bwd
     for access in ("*(uint2*)(X + ", "*(uint2*)(dY + ", "*(uint2*)(dX + "):
         assert access in bwd, bwd
     # A channel weight: C = 8192 is static, so even the tail tile (rows past the end) keeps
