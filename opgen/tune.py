@@ -112,7 +112,7 @@ def candidates(spec: Any, phases: Iterable[str] = TUNED_PHASES,
         mine: list[Candidate] = []
         for tiling in [current_tiling(spec, dim, causal, phase), *space]:
             candidate = _as_candidate(dim, causal, phase, tiling)
-            if candidate in mine or tiling_problems(phase, PHASE_TILING[phase](**tiling), (dim,)):
+            if candidate in mine or tiling_problems(phase, PHASE_TILING[phase](**tiling), (dim,), causal):
                 continue
             mine.append(candidate)
         found += mine[:max_candidates]

@@ -320,12 +320,18 @@ def bench_head_dims_built(spec: Spec):
             )
 
 
-def smem_problems(phase: str, tiling: GemmTiling, head_dims) -> Iterator[str]:
-    """Why the fwd/bwd kernel of `tiling` does not fit shared memory at one of `head_dims`."""
+def smem_problems(phase: str, tiling: GemmTiling, head_dims, causal: bool = False) -> Iterator[str]:
+    """Why the fwd/bwd kernel of `tiling` does not fit shared memory at one of `head_dims`; with
+    causal, a forward tiling is also the paired causal forward's (smem_bytes)."""
     for dim in head_dims:
-        if problem := over_smem_limit(smem_bytes(phase, tiling, dim), f" at head_dim {dim}",
-                                      "block_m, block_n or num_stages"):
-            yield problem
+        kernels = [(smem_bytes(phase, tiling, dim), "")]
+        if phase == "fwd" and causal:
+            kernels.append((smem_bytes(phase, tiling, dim, paired=True), " (the paired causal forward)"))
+        for need, which in kernels:
+            if problem := over_smem_limit(need, f" at head_dim {dim}{which}",
+                                          "block_m, block_n or num_stages"):
+                yield problem
+                break
 
 
 def warpgroup_problems(tiling: GemmTiling) -> Iterator[tuple[str, str]]:
@@ -352,16 +358,26 @@ def overlap_problems(tiling: GemmTiling) -> Iterator[tuple[str, str]]:
             f"{tiling.num_stages}): set them, or overlap = false")
 
 
-def tiling_problems(phase: str, tiling: GemmTiling, head_dims) -> list[tuple[str, str]]:
+def tiling_problems(phase: str, tiling: GemmTiling, head_dims, causal: bool = False
+                    ) -> list[tuple[str, str]]:
     """Every problem of one fwd/bwd tiling, as (key below its table, message): what the spec's
-    rules report and what `opgen tune` filters its candidates with."""
-    return [("", p) for p in smem_problems(phase, tiling, head_dims)] + list(
+    rules report and what `opgen tune` filters its candidates with. causal: the tiling also
+    serves causal calls."""
+    return [("", p) for p in smem_problems(phase, tiling, head_dims, causal)] + list(
         warpgroup_problems(tiling)) + list(overlap_problems(tiling))
 
 
 def tiles_fit_shared_memory(spec: Spec):
+    # Causal calls take the base tiling at every head dim without a tuned causal entry (both
+    # masks are built, whatever the `causal` default).
+    tuned_causal = {(e.head_dim, phase) for e in spec.tiling.tuned if e.causal
+                    for phase in TUNED_PHASES if getattr(e, phase) is not None}
     for phase in TUNED_PHASES:
-        for problem in smem_problems(phase, getattr(spec.tiling, phase), spec.attention.head_dims):
+        tiling, dims = getattr(spec.tiling, phase), spec.attention.head_dims
+        causal_dims = [d for d in dims if (d, phase) not in tuned_causal]
+        problems = dict.fromkeys([*smem_problems(phase, tiling, dims),
+                                  *smem_problems(phase, tiling, causal_dims, causal=True)])
+        for problem in problems:
             yield f"tiling.{phase}", problem
 
 
@@ -395,7 +411,7 @@ def tuned_tilings_fit(spec: Spec):
         for phase in TUNED_PHASES:
             tiling = getattr(entry, phase)
             if tiling is not None:
-                for key, problem in tiling_problems(phase, tiling, (entry.head_dim,)):
+                for key, problem in tiling_problems(phase, tiling, (entry.head_dim,), entry.causal):
                     yield f"{where}.{phase}{key}", problem
 
 
@@ -439,21 +455,22 @@ def warpgroup_rows_fit(tiling: GemmTiling) -> bool:
     return tiling.block_m == 64 * groups or (groups == 1 and tiling.block_m >= 64)
 
 
-def smem_bytes(phase: str, tiling: GemmTiling, dim: int) -> int:
+def smem_bytes(phase: str, tiling: GemmTiling, dim: int, paired: bool = False) -> int:
     """Shared memory of the fwd/bwd kernel (16-bit operands): an upper bound of what TileLang
     allocates, the compile check reads the real number.
 
     Pipelined tiles are held once per stage; every buffer is counted rounded up to 1 KiB (TileLang
     aligns TMA and swizzled buffers; small lse/Delta vectors grow when seq_len is block-aligned);
     in bwd the dK/dV staging buffers reuse the loop's space after the loop. fwd is the unpaired
-    forward (O staged in Q's tile): the paired one, built from the causal tiling, holds Q per
-    stage and an O tile of its own, and the compile check measures it.
+    forward (O staged in Q's tile); with paired, the paired causal forward of the same tiling,
+    which loads Q with every key step (so holds it per stage) and stages O in a tile of its own.
     """
     elem = DTYPE_BYTES["float16"]
     stages = max(1, tiling.num_stages)
     m, n = tiling.block_m, tiling.block_n
     if phase == "fwd":
-        return whole_kib(elem * m * dim) + 2 * whole_kib(elem * stages * n * dim)
+        q_tiles = stages + 1 if paired else 1  # paired: Q per stage, and O's own tile
+        return q_tiles * whole_kib(elem * m * dim) + 2 * whole_kib(elem * stages * n * dim)
     loop = (2 * whole_kib(elem * m * dim) + 2 * whole_kib(elem * stages * n * dim)
             + whole_kib(elem * m * n) + 2 * whole_kib(4 * stages * n))
     epilogue = 2 * whole_kib(elem * m * dim)
