@@ -1,37 +1,16 @@
 #!/bin/bash
-# The GPU work session 22 left, one call each (the device allows 600 s per call; a machine's
-# start takes 1-3 of the session's 30 minutes and refused starts count too; it is given back
-# 30 s after a call ends, so have the next call ready; carry .gpu, built with
-# `../shared/tools/gpu-bundle flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof).
-#   1. O staged by TMA in the paired and several-heads forwards too (session 22, after run 101,
-#      which measured it in the unpaired forward: CPU compile check only). Here first: `bash
-#      docs/profiling/next_gpu_run.sh baseline 5dd8f62` (generated/attention_registers, the
-#      template before). On the GPU, one call: `python docs/profiling/stage_o_probe.py` (outputs
-#      bit-identical, then staged / registers; the causal S1000-S2048 cases run the paired
-#      forward), then TESTS_TIMEOUT=450 bash docs/profiling/next_gpu_run.sh tests attention
-#      attention_sink gqa attention_recompute attention_tuned (gqa, attention_recompute and
-#      attention_tuned have not run since the backward grid change either). If it loses or
-#      fails, `git revert 49b71b0 87898f2` (the paired and several-heads forwards' staging).
-#   2. bench attention gqa attention_sink through the public function.
-#   3. Backward variants: `timeout 500 python docs/profiling/bwd_variants_probe.py`: dQ atomics by
-#      pairs (the accumulator laid out so TileLang vectorizes them to one 8-byte add per pair,
-#      half the RED instructions), the overlapped backward (bwd_schedules.py: async WGMMA, +3-5%
-#      in runs 36 and 42 but dK wrong at GQA S333; session 22 found why in its CUDA, a pipeline
-#      stage released before the async GEMM reading it was waited for, and fixed it), and both.
-#      Correctness at odd lengths first (MHA, GQA in_block, sinks + window), then the backward
-#      through run_backward at 8 bench shapes. A variant that is right and faster goes into
-#      templates/attention/kernels.py.jinja (pairs: its pairs_layout replaces `_dq_layout`).
-#   4. Where the backward's issue slots go (IPC 1.22 vs cuDNN's 1.47 at D128 full, run 98; a third
-#      of the stalls on global results, yet the L2 misses were not it, run 99): `bash
-#      docs/profiling/next_gpu_run.sh source attention full` (the stall samples per SASS line of
-#      the bwd kernel), then here `python docs/profiling/sass_stalls.py source-attention-full-sass.csv.gz`.
-#   5. rmsnorm's and scaled_silu's benches (GB/s through the public function at the issue's
-#      shapes, and the host rows, last measured in run 50, before the no-grad route): `bash
-#      docs/profiling/next_gpu_run.sh bench rmsnorm scaled_silu`.
-#   6. rmsnorm's backward with its rows pipelined (docs/profiling/rmsnorm_bwd_pipelined.py: row
-#      s + 1 copied into shared memory while row s is reduced; a warp-specialized TMA build and a
-#      cp.async build; the shipped one is latency-bound at 62-73% of copy): `timeout 300 python
-#      docs/profiling/rmsnorm_bwd_pipelined_probe.py` (24 kernels compile for sm_90a here).
+# GPU work for the next session, one call each (the device allows 600 s per call; a machine's
+# start takes 1-3 of the session's 30 minutes; it is given back 30 s after a call ends, so have
+# the next call ready; carry .gpu, built with `../shared/tools/gpu-bundle
+# flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof, from `bash next_gpu_run.sh prep`).
+# Session 23 ran session 22's list (runs 102-112). Left for the next one:
+#   1. Any new backward prototype: `timeout 500 python docs/profiling/bwd_variants_probe.py`
+#      (VARIANTS= picks some; the overlapped backward's dQ is still wrong, run 103).
+#   2. The D64 causal forward next to cuDNN's (0.80x, the weakest forward): `DIM=64 SDPA=cudnn
+#      bash docs/profiling/next_gpu_run.sh ncu attention causal` (and without SDPA=cudnn).
+#   3. The memory-bound backwards' host time on autograd's device thread (run 108: run_backward
+#      ~71 us there against 26 us on the main thread): `python docs/profiling/rmsnorm_host_probe.py`
+#      after a change, and `python docs/profiling/elementwise_bwd_probe.py` (public vs kernel).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
