@@ -11,7 +11,12 @@ D128 full, split dK/dV, 128x64 on 256 threads, every other odd shape right. Foun
 (session 22): the warp-specialization pass released q's and dO's pipeline stage to the TMA
 producer right after the statement that issues the last async GEMM reading each (dK's, dV's), not
 after the wait, so the producer could load step + 2's q into the buffer dK was still reading.
-A read of both after the final wait now places the release there (not yet run on a GPU).
+A read of both after the final wait now places the release there. Run 103: dK and dV right
+since, dQ still wrong (max diff 1.2-3.2), and slower than the package's backward. Session 23,
+CPU: ptxas (`--verbose`, sm_90a, D128 128x64) warns "(C7517) warpgroup.wait is injected ... to
+allow use of registers defined by GMMA": it serializes a WGMMA that the schedule meant to leave
+in flight (near the clear of an accumulator at the dO stage's barrier), so the overlap is undone
+in the SASS; the shipped backward compiles without the warning.
 """
 import os, sys
 
