@@ -375,6 +375,8 @@ def _same_kernels(work: list[tuple[str, Path, CompileJob]], indices: list[int]) 
     """{job: an earlier job with the same kernel} among indices: the same TIR (structurally equal,
     kernel name aside) built with the same JIT settings, so the same lowering, CUDA and verdict.
     A job whose TIR cannot be built here is left to its own check, which reports the error."""
+    if not indices:  # nothing to compare: no TileLang import (seconds) in the build's own process
+        return {}
     from tilelang import tvm
 
     same_as: dict[int, int] = {}

@@ -303,15 +303,43 @@ def test_grouped_bwd_compiles_within_the_estimate(compiled):
     assert result.threads == gen.plan.kernels["bwd"].tiling["threads"] + PRODUCER_THREADS
 
 
-@pytest.mark.parametrize("spec", sorted((TESTS_DIR / "specs").glob("*.toml")), ids=lambda p: p.stem)
-def test_golden_trees_compile(spec, monkeypatch):
+GOLDEN_SPECS = sorted((TESTS_DIR / "specs").glob("*.toml"))
+
+
+@pytest.fixture(scope="module")
+def golden_trees_compiled():
+    """Every golden spec rendered (from the repository root, as `opgen build` renders it) and
+    every compile job of every golden tree's kernels.py checked, in one process pool: one pool
+    start (each worker imports TileLang) instead of one per tree. {spec stem: (Generated, the
+    tree's kernels.py, its results)}."""
+    cwd = os.getcwd()
+    os.chdir(REPO_ROOT)
+    try:
+        gens = {spec.stem: generate(spec.relative_to(REPO_ROOT)) for spec in GOLDEN_SPECS}
+    finally:
+        os.chdir(cwd)
+    work, owner = [], []
+    for stem, gen in gens.items():
+        kernels = TESTS_DIR / "golden" / stem / "kernels.py"
+        work += [(gen.spec_path, kernels, job) for job in gen.plan.compile_jobs]
+        owner += [stem] * len(gen.plan.compile_jobs)
+    results = compile_all(work, workers=2)
+    return {stem: (gen, TESTS_DIR / "golden" / stem / "kernels.py",
+                   [r for r, o in zip(results, owner, strict=True) if o == stem])
+            for stem, gen in gens.items()}
+
+
+# Their own xdist group (beside "compile"): the pool above, shared by the three trees, runs on one
+# worker while test_compile's other tests may run on the other one.
+@pytest.mark.xdist_group("golden_trees")
+@pytest.mark.parametrize("spec", GOLDEN_SPECS, ids=lambda p: p.stem)
+def test_golden_trees_compile(spec, golden_trees_compiled):
     """Every kernel of every golden tree compiles, as `opgen build` checks the shipped specs: the
     golden trees are generated code too, and their tests run on the GPU."""
-    monkeypatch.chdir(REPO_ROOT)
-    gen = generate(spec.relative_to(REPO_ROOT))
-    kernels = TESTS_DIR / "golden" / spec.stem / "kernels.py"
+    gen, kernels, results = golden_trees_compiled[spec.stem]
     assert kernels.read_text() == gen.files["kernels.py"], "golden tree out of date"
-    results = compile_all([(gen.spec_path, kernels, job) for job in gen.plan.compile_jobs], workers=2)
+    assert [r.spec for r in results] == [gen.spec_path] * len(results)
+    assert [r.label for r in results] == [job.label for job in gen.plan.compile_jobs]
     failed = [f"{r.label}: {r.error}" for r in results if not r.ok]
     assert not failed, "\n".join(failed)
     assert len(results) == len(gen.plan.compile_jobs) > 0

@@ -38,6 +38,10 @@ assert ("specs/attention.toml", "generated/attention") in GOLDEN
 IDS = [Path(spec).stem for spec, _ in GOLDEN]
 IGNORED = {"__pycache__", ".pytest_cache"}
 
+# One xdist worker for the module: `rendered` (every golden spec rendered and black-formatted,
+# seconds each) is made once, not once on each worker.
+pytestmark = pytest.mark.xdist_group("golden")
+
 
 def read_tree(directory: Path) -> dict[str, bytes]:
     if not directory.is_dir():

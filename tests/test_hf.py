@@ -10,6 +10,7 @@ skip without transformers (not in the `test` extra: a large dependency for one m
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 
@@ -42,13 +43,56 @@ def reference(package: str):
     return getattr(package_module(package, "reference"), f"{package}_reference")
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_importing_hf_imports_no_transformers(package):
-    """transformers is imported by register() only: a model repo without it imports the package."""
+def import_hf_alone(package: str) -> subprocess.CompletedProcess:
+    """Import <package>.hf in a fresh process; it fails if that imported transformers."""
     path, name = (TESTS_DIR, f"golden.{package}") if package in GOLDEN else (REPO_ROOT, f"generated.{package}")
     code = f"import sys; import {name}.hf; assert 'transformers' not in sys.modules, 'imported'"
-    result = subprocess.run([sys.executable, "-c", code], cwd=path, capture_output=True, text=True,
-                            timeout=300)
+    return subprocess.run([sys.executable, "-c", code], cwd=path, capture_output=True, text=True,
+                          timeout=300)
+
+
+# Every package's hf.py imported in turn in one fresh process (Python, torch and TileLang start
+# once, not once a package): {package: "ok"} when its import left transformers unimported.
+IMPORT_ALL = """
+import importlib, json, sys
+sys.path.append(sys.argv[1])  # tests/: the golden packages, as golden.<package>
+found = {}
+for package, module in zip(sys.argv[2::2], sys.argv[3::2]):
+    if "transformers" in sys.modules:  # an earlier import took it: this one is judged alone
+        break
+    try:
+        importlib.import_module(module)
+    except BaseException as exc:
+        found[package] = repr(exc)
+        break
+    found[package] = "imported" if "transformers" in sys.modules else "ok"
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture(scope="module")
+def hf_imports() -> dict[str, str]:
+    """{package: "ok"} for each package whose hf.py imported without transformers in the shared
+    process of IMPORT_ALL (any other outcome, or none, sends the test to a process of its own)."""
+    modules = [f"golden.{p}.hf" if p in GOLDEN else f"generated.{p}.hf" for p in PACKAGES]
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_ALL, str(TESTS_DIR),
+         *[arg for pair in zip(PACKAGES, modules) for arg in pair]],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    try:
+        return json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {}
+
+
+# One xdist worker for these: hf_imports runs once.
+@pytest.mark.xdist_group("hf_imports")
+@pytest.mark.parametrize("package", PACKAGES)
+def test_importing_hf_imports_no_transformers(package, hf_imports):
+    """transformers is imported by register() only: a model repo without it imports the package."""
+    if hf_imports.get(package) == "ok":
+        return  # imported with transformers absent before and after: the import did not take it
+    result = import_hf_alone(package)
     assert result.returncode == 0, result.stderr[-3000:]
 
 

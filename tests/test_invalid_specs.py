@@ -1,9 +1,13 @@
 """A corpus of invalid specs and the exact errors opgen prints for them.
 
 Each tests/invalid_specs/NAME.toml is copied to specs/NAME.toml of an empty project and built with
-`opgen build --no-compile specs/NAME.toml` in its own process; NAME.expected holds the whole
-stderr: one `specs/NAME.toml: field.path: message` line per problem. Exit code 2, no traceback,
-nothing written. `pytest --update-golden` rewrites the .expected files from opgen's output.
+`opgen build --no-compile specs/NAME.toml` (the CLI in the test's process: a process of its own
+per case cost half a second each, mostly Python's start); NAME.expected holds the whole stderr: one
+`specs/NAME.toml: field.path: message` line per problem. Exit code 2, no traceback, nothing
+written. The installed `opgen`, in a process of its own, builds the whole corpus at once and must
+print every case's .expected in turn (test_the_whole_corpus_in_one_process), and the other tests
+here run it as a user does too. `pytest --update-golden` rewrites the .expected files from
+opgen's output.
 """
 
 from __future__ import annotations
@@ -46,13 +50,15 @@ def test_corpus_is_complete(update_golden):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_invalid_spec(case, tmp_path, run_opgen, update_golden):
+def test_invalid_spec(case, tmp_path, monkeypatch, cli, update_golden):
     project = _project_with(tmp_path, case)
+    monkeypatch.chdir(project)
     spec = f"specs/{case.name}"
-    result = run_opgen("build", "--no-compile", spec, cwd=project)
+    # An exception other than the CLI's own exit propagates (and fails the test) with its traceback.
+    result = cli("build", "--no-compile", spec, catch_exceptions=False)
 
     assert "Traceback" not in result.stdout + result.stderr, result.stderr
-    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.exit_code == 2, result.stdout + result.stderr
     assert result.stdout == ""
     assert sorted(p.name for p in project.iterdir()) == ["specs"], "nothing may be written"
 
@@ -78,6 +84,22 @@ def test_all_files_are_reported_at_once(tmp_path, run_opgen):
         (CORPUS / f"{name}.expected").read_text(encoding="utf-8") for name in names
     )
     assert not (tmp_path / "generated").exists()
+
+
+def test_the_whole_corpus_in_one_process(tmp_path, run_opgen):
+    """`opgen build --no-compile` of every case at once, as a user runs it (its own process, stdin
+    closed, output to pipes): exit code 2, no traceback, nothing on stdout, nothing written, and
+    each case's .expected in the order given, byte for byte."""
+    (tmp_path / "specs").mkdir()
+    for case in PATHS:
+        shutil.copyfile(case, tmp_path / "specs" / case.name)
+    result = run_opgen("build", "--no-compile", *[f"specs/{c.name}" for c in PATHS], cwd=tmp_path)
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert result.stderr == "".join(
+        c.with_suffix(".expected").read_text(encoding="utf-8") for c in PATHS)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["specs"], "nothing may be written"
 
 
 def test_one_bad_spec_stops_the_whole_build(tmp_path, run_opgen):
