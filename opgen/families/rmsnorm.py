@@ -18,8 +18,8 @@ matrix, the compile jobs and the bytes the benchmark divides by.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field
 
@@ -232,6 +232,7 @@ class Plan(SavedAuxPlan):
     # bwd_row_stages's rule, as the generated kernels apply it at run time.
     bwd_row_stages: int = BWD_ROW_STAGES
     shared_memory_limit: int = SM90_SMEM_LIMIT
+    element_bytes: Mapping[str, int] = field(default_factory=lambda: dict(DTYPE_BYTES))
 
 
 def plan(spec: Spec, source: SourceInfo) -> Plan:
