@@ -17,6 +17,15 @@ CPU: ptxas (`--verbose`, sm_90a, D128 128x64) warns "(C7517) warpgroup.wait is i
 allow use of registers defined by GMMA": it serializes a WGMMA that the schedule meant to leave
 in flight (near the clear of an accumulator at the dO stage's barrier), so the overlap is undone
 in the SASS; the shipped backward compiles without the warning.
+Session 24, CPU: the injected wait came from the clears. TileLang emits T.clear(dsT) as moves
+from one zero register, placed after the dO stage's barrier, so after the K q^T WGMMA is in
+flight; ptxas then waits for that WGMMA before the moves. Clearing by the WGMMA itself
+(clear_accum=True: the first k-step's scale-d is 0, no moves) removes the warning at D128
+128x64 (MHA full and causal; GQA split, in_block; D64 128x64 atomic with a window), and C7512
+(serialized for lack of registers) at D128 causal with it. D64 at 128x128 still spills (48 bytes)
+and serializes: its score tiles (64 registers each) leave no room; 128x64 fits. Not yet run on the
+GPU (no machine lent in session 24): `VARIANTS="overlap,overlap@128x64s2,overlap@128x64s1"
+python docs/profiling/bwd_variants_probe.py`.
 """
 import os, sys
 
@@ -115,10 +124,8 @@ def bwd_overlap(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sca
                 # One statement (see the module docstring). Always true, but not provably so:
                 # a provable condition is simplified away and the statements released one by one.
                 if seq_len > 0:
-                    T.clear(qkT)
-                    T.clear(dsT)
-                    T.wgmma_gemm(K_shared, q, qkT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                    T.wgmma_gemm(V_shared, do, dsT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                    T.wgmma_gemm(K_shared, q, qkT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+                    T.wgmma_gemm(V_shared, do, dsT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
                     T.wait_wgmma(1)
                     T.warpgroup_fence_operand(qkT, num_regs=regs_s)
                     for i, j in T.Parallel(block_m, block_n):

@@ -10,6 +10,7 @@ postprocess, host included), on the H200:
 - overlap: bwd_schedules.bwd_overlap (async WGMMA: the two score-side GEMMs together, P computed
   while dP's is in flight, dS while dV's is) at the package's tiling.
 - overlap + pairs: both.
+- NAME@MxNsK: the variant at bwd tiling block_m M, block_n N, K stages (else the package's).
 
 Each case: the package's CallPlan, and copies of it whose bwd (and, with pairs, postprocess:
 both read the accumulator; the preprocess zeroes it in any order) are replaced. Gradients are
@@ -69,6 +70,16 @@ def variant_key(case):
     return p, h, kv, d, c, w, dt
 
 
+def tiling_of(name, package_tiling):
+    """The bwd tiling of a variant: the package's, or the one its name gives after "@"
+    ("overlap@128x64s2": block_m 128, block_n 64, 2 stages)."""
+    if "@" not in name:
+        return package_tiling
+    m, rest = name.split("@")[1].split("x")
+    n, stages = rest.split("s")
+    return dict(package_tiling, block_m=int(m), block_n=int(n), num_stages=int(stages))
+
+
 def build_variants(cases):
     """Every variant's bwd and postprocess of every case, built at once in threads (as the
     package's prebuild does): the prim_funcs made one by one (each with its `_dq_layout` swapped
@@ -85,7 +96,7 @@ def build_variants(cases):
             try:
                 post_factory, post_args, post_tiling = calls["postprocess"]
                 jobs[key + (name,)] = (
-                    (bwd_factory, bwd_factory.get_tir(*calls["bwd"][1], **calls["bwd"][2])),
+                    (bwd_factory, bwd_factory.get_tir(*calls["bwd"][1], **tiling_of(name, calls["bwd"][2]))),
                     (post_factory, post_factory.get_tir(*post_args, **post_tiling)))
             finally:
                 K._dq_layout = S._dq_layout = shipped
