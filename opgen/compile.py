@@ -22,6 +22,7 @@ import threading
 import time
 from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import process as _process_pools
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -464,15 +465,19 @@ def _kill_workers(pool: ProcessPoolExecutor) -> None:
     processes = list((pool._processes or {}).values())  # no public way to reach them
     for process in processes:
         process.kill()
-    pool.shutdown(wait=False, cancel_futures=True)
+    try:
+        pool.shutdown(wait=False, cancel_futures=True)
+    except OSError:  # its wakeup pipe, closed by the manager thread as it saw the workers die
+        pass
     for process in processes:
         process.join(timeout=5)
-    # The pool's manager thread sees the dead workers and closes its pipes. Wait for it here:
-    # left running, the interpreter's exit joins it, and CPython 3.11's exit hook can write to a
-    # pipe the thread is closing (an OSError traceback) or wait on it for good.
+    # The pool's manager thread sees the dead workers and closes its pipes. Wait for it here,
+    # then take its pipe out of the interpreter's exit hook, which writes to every pool's pipe
+    # without a lock (CPython 3.11): on a pipe the thread closes meanwhile, an OSError traceback.
     manager = getattr(pool, "_executor_manager_thread", None)
     if manager is not None:
         manager.join(timeout=5)
+        _process_pools._threads_wakeups.pop(manager, None)
 
 
 SCRATCH_PREFIX = "opgen-compile-"
