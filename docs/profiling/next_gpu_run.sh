@@ -3,14 +3,20 @@
 # start takes 1-3 of the session's 30 minutes; it is given back 30 s after a call ends, so have
 # the next call ready; carry .gpu, built with `../shared/tools/gpu-bundle
 # flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof, from `bash next_gpu_run.sh prep`).
-# Session 23 ran session 22's list (runs 102-112). Left for the next one:
-#   1. Any new backward prototype: `timeout 500 python docs/profiling/bwd_variants_probe.py`
-#      (VARIANTS= picks some; the overlapped backward's dQ is still wrong, run 103).
-#   2. The D64 causal forward next to cuDNN's (0.80x, the weakest forward): `DIM=64 SDPA=cudnn
+# Session 24 had no GPU (none lent); its list, in this order:
+#   1. The overlapped backward without ptxas's injected wait (session 24, CPU: clear_accum;
+#      docs/profiling/ptxas_check.py): is dQ right now, and how fast? `VARIANTS="overlap,
+#      overlap@128x64s2,overlap@128x64s1" timeout 500 python docs/profiling/bwd_variants_probe.py`.
+#      If right and faster: a bwd `overlap` tiling key in the template and `opgen tune`'s space.
+#   2. Why Python costs 2-10x more on autograd's device thread (run 108: one kernel launch in a
+#      backward adds 66 us, 5.8 on the main thread): `python docs/profiling/device_thread_probe.py`
+#      (per-call costs on the main thread, a plain thread, the device thread, and with autograd's
+#      multithreading off; the Python threads alive).
+#   3. The D64 causal forward next to cuDNN's (0.80x, the weakest forward): `DIM=64 SDPA=cudnn
 #      bash docs/profiling/next_gpu_run.sh ncu attention causal` (and without SDPA=cudnn).
-#   3. The memory-bound backwards' host time on autograd's device thread (run 108: run_backward
-#      ~71 us there against 26 us on the main thread): `python docs/profiling/rmsnorm_host_probe.py`
-#      after a change, and `python docs/profiling/elementwise_bwd_probe.py` (public vs kernel).
+#   4. Every attention-family test after session 24's template edit (a docstring only; the
+#      kernels' CUDA is unchanged): `bash docs/profiling/next_gpu_run.sh tests attention gqa
+#      attention_sink attention_recompute attention_tuned`.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift

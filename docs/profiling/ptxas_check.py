@@ -5,6 +5,7 @@ C7512: WGMMAs serialized for lack of registers). An overlapped schedule is worth
 GPU only when it compiles without them.
 
     python docs/profiling/ptxas_check.py            # bwd_schedules.bwd_overlap and the package's bwd
+    python docs/profiling/ptxas_check.py packages   # every fwd/bwd kernel the attention packages ship
 """
 import os
 import re
@@ -38,7 +39,36 @@ def ptxas_notes(kernel, name):
             [line.split(": ", 1)[1] for line in text.splitlines() if re.search(r"\(C75\d\d\)", line)])
 
 
-if __name__ == "__main__":
+def shipped_kernels():
+    """Each fwd and bwd compile job of the attention-family specs, at their first dtype and
+    layout (the others differ in types and indexing, not in the pipeline)."""
+    from pathlib import Path
+
+    from opgen.compile import _load
+    from opgen.render import load_plan
+
+    for name in ("attention", "gqa", "attention_sink"):
+        plan, _ = load_plan(Path(f"specs/{name}.toml"))
+        module = _load(f"generated/{name}/kernels.py")
+        first, seen = None, set()
+        for job in plan.compile_jobs:
+            phase = job.factory[len(name) + 1:]
+            if phase not in ("fwd", "bwd"):
+                continue
+            kind = (job.args[5], job.args[6])  # layout, dtype
+            first = first or kind
+            # One window length stands for all (the pipeline is the same).
+            pipeline = (phase, job.args[2:4], bool(job.args[4]), job.args[8:], tuple(job.tiling.items()))
+            if kind == first and pipeline not in seen:
+                seen.add(pipeline)
+                yield f"{name} {job.label}", getattr(module, job.factory)(*job.args, **job.tiling)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["packages"]:
+    for label, kernel in shipped_kernels():
+        regs, spills, notes = ptxas_notes(kernel, "kernel")
+        print(f"{label}: registers {regs} spill {spills} {notes or ''}", flush=True)
+elif __name__ == "__main__":
     import bwd_schedules as S
     from generated.attention import kernels as K
 

@@ -313,9 +313,10 @@ def attention_recompute_fwd(
     def finish_rows(O, lse, acc_o, row_max, row_denom, bx, h, bz, O_shared):
         """O and lse of query head h's rows of this block. O goes through O_shared (a free
         [block_m, dim] tile), stored by TMA in whole rows rather than by each thread's 4-byte
-        pieces from registers (0.3-3% faster forwards on an H200). The unpaired forward stages it
-        in Q's tile; the paired and several-heads forwards finish rows inside their pipelined
-        loop, where Q's tile is still in use, and stage it in a tile of their own."""
+        pieces from registers (on an H200, 0.3-3% faster unpaired forwards and 4.5-9% faster
+        paired causal ones). The unpaired forward stages it in Q's tile; the paired and
+        several-heads forwards finish rows inside their pipelined loop, where Q's tile is still
+        in use, and stage it in a tile of their own."""
         for i, j in T.Parallel(block_m, dim):
             acc_o[i, j] /= row_denom[i]
         T.copy(acc_o, O_shared)
