@@ -5,9 +5,13 @@
 # flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof, from `bash next_gpu_run.sh prep`).
 # Session 24 had no GPU (none lent); its list, in this order:
 #   1. The overlapped backward without ptxas's injected wait (session 24, CPU: clear_accum;
-#      docs/profiling/ptxas_check.py): is dQ right now, and how fast? `VARIANTS="overlap,
-#      overlap@128x64s2,overlap@128x64s1" timeout 500 python docs/profiling/bwd_variants_probe.py`.
-#      If right and faster: a bwd `overlap` tiling key in the template and `opgen tune`'s space.
+#      docs/profiling/ptxas_check.py): is dQ right now, and how fast? Branch bwd-overlap has it
+#      in the template as the bwd tiling key `overlap` (`opgen tune` tries it; the shipped
+#      kernels' CUDA unchanged): `git checkout bwd-overlap`, then `VARIANTS="overlap,
+#      overlap@128x64s2,overlap@128x64s1" timeout 500 python docs/profiling/bwd_variants_probe.py`
+#      and `bash docs/profiling/next_gpu_run.sh tests attention_tuned` (its D128 causal bwd is
+#      overlapped). If right and faster: merge, `TUNE_ARGS="--phases bwd" bash
+#      docs/profiling/next_gpu_run.sh tune attention gqa attention_sink`, tests, bench.
 #   2. Why Python costs 2-10x more on autograd's device thread (run 108: one kernel launch in a
 #      backward adds 66 us, 5.8 on the main thread): `python docs/profiling/device_thread_probe.py`
 #      (per-call costs on the main thread, a plain thread, the device thread, and with autograd's
