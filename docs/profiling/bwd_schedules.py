@@ -25,7 +25,10 @@ flight; ptxas then waits for that WGMMA before the moves. Clearing by the WGMMA 
 (serialized for lack of registers) at D128 causal with it. D64 at 128x128 still spills (48 bytes)
 and serializes: its score tiles (64 registers each) leave no room; 128x64 fits. Not yet run on the
 GPU (no machine lent in session 24): `VARIANTS="overlap,overlap@128x64s2,overlap@128x64s1"
-python docs/profiling/bwd_variants_probe.py`.
+python docs/profiling/bwd_variants_probe.py`. Also a suspect for the wrong dQ: TileLang orders
+the dS tile's shared-memory stores before the dQ WGMMA by a barrier, then a proxy fence in each
+thread, so one warpgroup's WGMMA may read the other's stores before its fence; harmless in the
+shipped backward (dK's GEMM done by then, not in flight), fenced before the barrier here.
 """
 import os, sys
 
@@ -143,6 +146,9 @@ def bwd_overlap(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sca
                         dsT_cast[i, j] = qkT[i, j] * (dsT[i, j] - delta[j]) * softmax_scale
                     T.wgmma_gemm(dsT_cast, q, dk, policy=T.GemmWarpPolicy.FullRow)
                     T.copy(dsT_cast, dsT_shared)
+                    # Each thread's dS stores made visible to the async proxy before the barrier
+                    # that orders them with both warpgroups' dQ WGMMA (TileLang fences after it).
+                    T.fence_proxy_async()
                     T.clear(dq)
                     T.gemm(dsT_shared, K_shared, dq, transpose_A=True)
                     T.wait_wgmma(0)
