@@ -19,7 +19,6 @@ would make every GIL release there a handoff).
 import os
 import sys
 import threading
-import time
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from generated.rmsnorm import autograd as ra  # noqa: E402
-from host_timing import report  # noqa: E402
+from host_timing import per_call, report  # noqa: E402
 
 N = 2000
 dt = torch.bfloat16
@@ -58,13 +57,9 @@ CALLS = {
 
 
 def loop(fn):
-    """us per call of N back-to-back calls (the GPU work of a call is far shorter than its host
-    time at this shape; synchronized at the end)."""
-    start = time.perf_counter()
-    for _ in range(N):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / N * 1e6
+    """us per call of N back-to-back calls, timed in one round where this runs (host_timing's
+    measure; the GPU work of a call is far shorter than its host time at this shape)."""
+    return per_call(fn, n=N, rounds=1, warmup=0)
 
 
 def on_thread(fn):
