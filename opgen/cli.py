@@ -584,52 +584,62 @@ def plot(rows: Path = typer.Argument(..., metavar="ROWS.json",
 
 @app.command()
 def tune(
-    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Spec file (attention family)."),
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Spec file (attention or rmsnorm family)."),
     phases: str = typer.Option("fwd,bwd", "--phases", help="Phases to tune: fwd, bwd or both."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the candidates that pass the "
                                  "spec's rules and the compile check; time nothing, write nothing."),
     max_candidates: Optional[int] = typer.Option(None, "--max-candidates", min=1, help="At most N "
-                                                 "candidates per (head_dim, causal, phase), the "
-                                                 "spec's current tiling first."),
+                                                 "candidates per variant and phase, the spec's "
+                                                 "current tiling first."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Compile processes (default: CPUs)."),
-    head_dims: Optional[str] = typer.Option(None, "--head-dims", help="Tune only these of the "
-                                            "spec's head dims (comma-separated); the others keep "
-                                            "their entries."),
+    head_dims: Optional[str] = typer.Option(None, "--head-dims", help="attention: tune only these "
+                                            "of the spec's head dims (comma-separated); the "
+                                            "others keep their entries."),
+    channels: Optional[str] = typer.Option(None, "--channels", help="rmsnorm: tune only these of "
+                                           "the bench shapes' channel counts (comma-separated); "
+                                           "the others keep their entries."),
 ) -> None:
-    """Time the fwd/bwd tilings the spec's rules accept per (head_dim, causal) on this GPU and
-    write the fastest into the spec's tiling.tuned table (a diff is printed). Each candidate is
-    compile-checked, then checked against the reference before it is timed. Without a GPU (or
-    with --dry-run) it lists the candidates and writes nothing. Exit 1 when no candidate is left."""
+    """Time the fwd/bwd tilings the spec's rules accept per variant (attention: per (head_dim,
+    causal); rmsnorm: per bench channel count) on this GPU and write the fastest into the spec's
+    tiling.tuned table (a diff is printed). Each candidate is compile-checked, then checked
+    against the reference before it is timed. Without a GPU (or with --dry-run) it lists the
+    candidates and writes nothing. Exit 1 when no candidate is left."""
     import datetime
     import tomllib
 
     from opgen import tune as tuning
     from opgen.compile import compile_all, scratch_dir
-    from opgen.families.attention import TUNED_PHASES
     from opgen.spec import SpecSource, read_spec, validate
 
     with user_errors():
         gen = generate(spec_path)
         plan, family = gen.plan, FAMILIES[gen.plan.family]
-        if family.name != "attention":
-            raise OpgenError(f"{plan.source.spec_path}: family: opgen tune supports the attention "
-                             f"family only (got {echo(family.name)})")
+        tunable = sorted(name for name, f in FAMILIES.items() if f.tuner is not None)
+        if family.tuner is None:
+            raise OpgenError(f"{plan.source.spec_path}: family: opgen tune supports the "
+                             f"{' and '.join(tunable)} families (got {echo(family.name)})")
+        tuner = family.tuner()
         chosen = tuple(p.strip() for p in phases.split(",") if p.strip())
-        if not chosen or any(p not in TUNED_PHASES for p in chosen):
-            raise OpgenError(f"--phases: a comma-separated list of {', '.join(TUNED_PHASES)} "
+        if not chosen or any(p not in tuner.phases for p in chosen):
+            raise OpgenError(f"--phases: a comma-separated list of {', '.join(tuner.phases)} "
                              f"(got {echo(phases)})")
         source = read_spec(spec_path)
         spec = validate(family.spec, source)
-        dims = None
-        if head_dims is not None:
-            words = [w.strip() for w in head_dims.split(",") if w.strip()]
-            if not words or any(not w.isdigit() or int(w) not in spec.attention.head_dims
-                                for w in words):
-                raise OpgenError(f"--head-dims: a comma-separated list of the spec's head dims "
-                                 f"{echo(spec.attention.head_dims)} (got {echo(head_dims)})")
-            dims = {int(w) for w in words}
-        found = tuning.candidates(spec, [p for p in TUNED_PHASES if p in chosen], max_candidates,
-                                  dims)
+        subset = None
+        for option, given in (("--head-dims", head_dims), ("--channels", channels)):
+            if given is None:
+                continue
+            if option != tuner.subset_option:
+                raise OpgenError(f"{option}: not an option of the {family.name} family's tuning "
+                                 f"(it takes {tuner.subset_option})")
+            allowed = tuner.subset_values(spec)
+            words = [w.strip() for w in given.split(",") if w.strip()]
+            if not words or any(not w.isdigit() or int(w) not in allowed for w in words):
+                raise OpgenError(f"{option}: a comma-separated list of {tuner.subset_noun} "
+                                 f"{echo(list(allowed))} (got {echo(given)})")
+            subset = {int(w) for w in words}
+        found = tuning.candidates(spec, [p for p in tuner.phases if p in chosen], max_candidates,
+                                  subset)
         out.print(f"{plan.source.spec_path}: {len(found)} candidate(s) pass the spec's rules; "
                   "compile check (sm_90a)...", markup=False)
         started = time.monotonic()
@@ -640,13 +650,10 @@ def tune(
                 [(plan.source.spec_path, kernels_path, tuning.compile_job(spec, plan, c)) for c in found],
                 workers=jobs, keep_cache=True)
         compiled = [c for c, r in zip(found, results, strict=True) if r.ok]
-        table = Table("head_dim", "causal", "phase", "block_m", "block_n", "threads", "num_stages",
-                      "overlap", "compile", box=None)
+        table = Table(*tuner.key_fields, "phase", "tiling", "compile", box=None)
         for c, r in zip(found, results, strict=True):
-            t = c.tiling_dict
-            table.add_row(str(c.head_dim), str(c.causal).lower(), c.phase, str(t["block_m"]),
-                          str(t["block_n"]), str(t["threads"]), str(t["num_stages"]),
-                          "yes" if t.get("overlap") else "",
+            table.add_row(*(tuning.toml_value(v) for v in c.key), c.phase,
+                          tuner.describe_tiling(c.tiling_dict),
                           ("ok (TileLang's cache)" if r.cached else
                            f"ok, {r.smem_bytes // 1024} KB smem") if r.ok else
                           "failed: " + r.error.splitlines()[-1][:80])
@@ -679,22 +686,22 @@ def tune(
         try:
             with scratch_dir() as scratch, tuning.imported_package(gen.files, spec.name,
                                                                    Path(scratch)) as autograd:
-                tuning.time_candidates(spec, plan, autograd, compiled, report,
-                                       workers=jobs or os.cpu_count() or 1, times=times)
+                tuner.time_candidates(spec, plan, autograd, compiled, report,
+                                      jobs or os.cpu_count() or 1, times)
         except KeyboardInterrupt:
             # Ctrl-C or a time limit while timing: the variants timed in full keep their winners.
             cut_off = True
         complete = tuning.timed_variants(compiled, times)
         winners = tuning.pick_winners([c for c in compiled if c.variant in complete], times)
         if cut_off and not winners:
-            raise Interrupted("interrupted while timing, before any (head_dim, causal, phase) "
-                              "had all its candidates timed; nothing written")
+            raise Interrupted("interrupted while timing, before any variant had all its "
+                              "candidates timed; nothing written")
         if not winners:
             raise CheckFailed("no candidate gave the reference's result; nothing written")
         for variant, c in sorted(winners.items()):
             out.print(f"fastest: {c.label} ({times[c]:.3f} ms)", markup=False)
         comment = f"{tuning.MARKER} on {gpu}, {datetime.date.today().isoformat()}"
-        text = tuning.write_tuned(source.text, tuning.merged_entries(spec, winners), comment)
+        text = tuning.write_tuned(source.text, tuner, tuning.merged_entries(spec, winners), comment)
         validate(family.spec, SpecSource(source.path, "", tomllib.loads(text), text))
         if text == source.text:
             out.print(f"{source.path}: unchanged", markup=False)
@@ -708,8 +715,7 @@ def tune(
             untimed = sorted({c.variant for c in compiled} - complete)
             raise Interrupted("interrupted while timing; wrote the winners of the variants timed "
                               "in full; not timed in full (kept as they were): "
-                              + ", ".join(f"d{d} {'causal' if c else 'full'} {p}"
-                                          for d, c, p in untimed))
+                              + ", ".join(f"{tuner.describe(v[:-1])} {v[-1]}" for v in untimed))
 
 
 def _package(name: str, out_root: Path = OUT_ROOT) -> Path:

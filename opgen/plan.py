@@ -7,7 +7,7 @@ A plan holds every derived value the templates print. Templates make no decision
 from __future__ import annotations
 
 from dataclasses import astuple, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from pydantic import BaseModel
 
@@ -389,6 +389,18 @@ class SavedAuxPlan(PlanBase):
     test_reductions: tuple[ReductionKind, ...]  # dw reductions the generated tests run
     tail_case: ShapeCase  # tail blocks: strided dy, atomics, split, broken grads
     bench_cases: tuple[BytesBenchCase, ...]
+    # [[tiling.tuned]] by phase: {C: tiling} (empty for a family without the table).
+    tuned: Mapping[str, Mapping[int, dict[str, int]]] = field(default_factory=dict)
+
+    def tiling_for(self, key: str, channels: int) -> dict[str, int]:
+        """The tiling kernel `key` runs with at C = channels: its tuned one, else the base one."""
+        return self.tuned.get(key, {}).get(channels, self.kernels[key].tiling)
+
+    @property
+    def tiling_exprs(self) -> dict[str, str]:
+        """Per kernel, the code (over the call's `cols`) that picks its tiling in the package."""
+        return {key: (f"{k.tiling_name}S.get(cols, {k.tiling_name})" if key in self.tuned
+                      else k.tiling_name) for key, k in self.kernels.items()}
 
 
 def saved_aux_fields(spec: Any, source: SourceInfo, section: Any, aux: str, save: bool,
@@ -459,17 +471,31 @@ TESTED_SAVES = (False, True)
 
 
 def saved_aux_jobs(kernels: dict[str, KernelPlan], args: tuple, saves: tuple[bool, ...],
-                   reductions: tuple[str, ...], aux: str, size: str, tag: str
-                   ) -> Iterator[CompileJob]:
+                   reductions: tuple[str, ...], aux: str, size: str, tag: str,
+                   tilings: Mapping[str, dict[str, int]] | None = None) -> Iterator[CompileJob]:
     """fwd(*args, save) and bwd(*args, save, dw reduction): each save choice of the auxiliary
-    tensor, with each reduction."""
+    tensor, with each reduction; each kernel with its tiling of `tilings`, else its own."""
     fwd, bwd = kernels["fwd"], kernels["bwd"]
+    tilings = tilings or {}
     for save in saves:
         kept = f"{aux}={'save' if save else 'recompute'}"
-        yield CompileJob(fwd.factory, (*args, save), fwd.tiling, f"fwd {size} {kept}{tag}")
+        yield CompileJob(fwd.factory, (*args, save), tilings.get("fwd", fwd.tiling),
+                         f"fwd {size} {kept}{tag}")
         for reduction in reductions:
-            yield CompileJob(bwd.factory, (*args, save, reduction), bwd.tiling,
+            yield CompileJob(bwd.factory, (*args, save, reduction), tilings.get("bwd", bwd.tiling),
                              f"bwd {size} {kept} dw={reduction}{tag}")
+
+
+def tuned_tables(entries: Iterable[Any], key: Callable[[Any], Any], phases: Iterable[str]
+                 ) -> dict[str, dict[Any, dict[str, int]]]:
+    """[[tiling.tuned]] entries by phase: {key(entry): tiling}, sorted by key, phases without
+    entries left out."""
+    tables: dict[str, dict[Any, dict[str, int]]] = {}
+    for entry in sorted(entries, key=key):
+        for phase in phases:
+            if (tiling := getattr(entry, phase)) is not None:
+                tables.setdefault(phase, {})[key(entry)] = tiling.model_dump()
+    return tables
 
 
 def weight_grads_table(p: PlanBase, dx_bytes: int, w_numel: int, adds_per_address: int,

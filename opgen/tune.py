@@ -1,14 +1,14 @@
-"""`opgen tune`: time the fwd/bwd tilings the spec's rules accept per (head_dim, causal) and write
-the fastest into the spec as [[tiling.tuned]], so that the build stays deterministic and the
-choice is committed and reviewed.
+"""`opgen tune`: time the tilings a spec's rules accept per variant (attention: per (head_dim,
+causal); rmsnorm: per channel count) and write the fastest into the spec as [[tiling.tuned]], so
+that the build stays deterministic and the choice is committed and reviewed.
 
-The search space per phase is SEARCH_SPACE and PHASE_SPACE (every combination), filtered by the
-rules the spec's own tilings obey (shared memory at that head dim, warpgroup layout, the
-overlapped forward's threads and pipeline) and by the CPU compile check;
-on a GPU each remaining candidate is checked against the package's reference at the tune shape
-before it is timed. Selection (pick_winners) and the spec edit (write_tuned) are pure functions.
-A run interrupted while timing still writes the variants whose candidates were all timed
-(timed_variants); --head-dims tunes some head dims and keeps the others' entries.
+What is common to every family lives here: the candidates (the spec's current tiling first, then
+the family's search space, filtered by the spec's own rules and then by the CPU compile check),
+picking the winners and editing the spec. The family's Tuner (opgen.families.contract) says what
+varies: its keys, search space, rules, the kernel a candidate launches and how it is timed on the
+GPU, where each candidate is checked against the package's reference before it is timed.
+Selection (pick_winners) and the spec edit (write_tuned) are pure functions. A run interrupted
+while timing still writes the variants whose candidates were all timed (timed_variants).
 """
 
 from __future__ import annotations
@@ -16,141 +16,83 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib
-import itertools
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from opgen.families.attention import (PHASE_TILING, TUNED_PHASES, AttentionBenchShape,
-                                      default_softmax_scale, reductions, tiling_problems)
-from opgen.families.attention_launch import has_paired_forward, paired_tiling
+from opgen.families import FAMILIES
+from opgen.families.contract import Tuner
 from opgen.plan import CompileJob
 
-# The candidates of each phase: every combination, in this order (block_m is the query rows of
-# a fwd block and the key rows of a bwd block; block_n the other side of its score tile), times
-# the phase's own keys of PHASE_SPACE (which override SEARCH_SPACE's). The rules keep block_m =
-# 64 * threads / 128 (or 64-192 rows on one warpgroup), the shared memory under 227 KB and the
-# overlapped forward on 256 threads. The forward also tries three consumer warpgroups of 64
-# query rows (192 x block_n on 384 threads). Not timed (the rules accept them, and a spec's own
-# tiling is timed whatever it is): one warpgroup of 128 threads over more than 64 rows, which
-# was 1.38-2.85x slower than the winner at all 46 (spec, head dim, mask, phase) tuned on the
-# H200 in runs 34-94.
-SEARCH_SPACE = {
-    "block_m": (64, 128),
-    "block_n": (32, 64, 128),
-    "threads": (128, 256),
-    "num_stages": (1, 2),
-}
-PHASE_SPACE = {"fwd": {"block_m": (64, 128, 192), "threads": (128, 256, 384),
-                       "overlap": (False, True)}, "bwd": {}}
-# The shape a head dim is timed at when no [bench] shape has that head dim; a GQA spec's is
-# grouped, so that its backward is timed with the dK/dV reduction grouped calls use.
-DEFAULT_SHAPE = {"batch": 4, "heads": 16, "kv_heads": 16, "seq_len": 4096}
-DEFAULT_GQA_SHAPE = {"batch": 2, "heads": 32, "kv_heads": 8, "seq_len": 4096}
 MARKER = "# tuned by opgen tune"
+
+
+def tuner_of(spec: Any) -> Tuner | None:
+    """The spec's family's Tuner, or None where the family has none."""
+    make = FAMILIES[spec.family].tuner
+    return make() if make is not None else None
 
 
 @dataclass(frozen=True)
 class Candidate:
-    head_dim: int
-    causal: bool
-    phase: str  # fwd | bwd
-    tiling: tuple[tuple[str, int], ...]  # (key, value) pairs as its tiling model dumps them
+    key: tuple  # the variant's key, as the family's Tuner.key_fields name it
+    phase: str
+    tiling: tuple[tuple[str, Any], ...]  # (key, value) pairs as the Tuner dumps them
+    label: str = field(default="", compare=False)
 
     @property
-    def variant(self) -> tuple[int, bool, str]:
-        return self.head_dim, self.causal, self.phase
+    def variant(self) -> tuple:
+        """What a winner is picked per: the key and the phase."""
+        return (*self.key, self.phase)
 
     @property
-    def tiling_dict(self) -> dict[str, int]:
+    def tiling_dict(self) -> dict[str, Any]:
         return dict(self.tiling)
 
-    @property
-    def label(self) -> str:
-        t = self.tiling_dict
-        return (f"{self.phase} d{self.head_dim} {'causal' if self.causal else 'full'} "
-                f"{t['block_m']}x{t['block_n']} threads={t['threads']} stages={t['num_stages']}"
-                + (" overlap" if t.get("overlap") else ""))
 
-
-def _as_candidate(dim: int, causal: bool, phase: str, tiling: dict[str, int]) -> Candidate:
+def as_candidate(tuner: Tuner, key: tuple, phase: str, tiling: dict[str, Any]) -> Candidate:
     """The tiling as the package prints it (a default left out), so that a candidate equal to a
     spec's tiling is the same candidate and launches the same kernel."""
-    dumped = PHASE_TILING[phase](**tiling).model_dump()
-    return Candidate(dim, causal, phase, tuple(dumped.items()))
+    dumped = tuner.dump(phase, tiling)
+    return Candidate(tuple(key), phase, tuple(dumped.items()),
+                     f"{phase} {tuner.describe(key)} {tuner.describe_tiling(dumped)}")
 
 
-def _worth_timing(tiling: dict[str, int]) -> bool:
-    """Whether a search-space tiling is timed: not one warpgroup over more than 64 rows (see
-    SEARCH_SPACE)."""
-    return tiling["threads"] > 128 or tiling["block_m"] <= 64
-
-
-def current_tiling(spec: Any, dim: int, causal: bool, phase: str) -> dict[str, int]:
-    """The tiling the spec launches phase with at (dim, causal): tuned, else the base one."""
-    for entry in spec.tiling.tuned:
-        if (entry.head_dim, entry.causal) == (dim, causal) and getattr(entry, phase):
-            return getattr(entry, phase).model_dump()
-    return getattr(spec.tiling, phase).model_dump()
-
-
-def candidates(spec: Any, phases: Iterable[str] = TUNED_PHASES,
+def candidates(spec: Any, phases: Iterable[str] | None = None,
                max_candidates: int | None = None,
-               head_dims: Iterable[int] | None = None) -> list[Candidate]:
-    """Per head dim of the spec (those of head_dims, if given), causal and not, and phase: the
-    spec's current tiling first, then SEARCH_SPACE's, those the rules accept, at most
+               subset: Iterable[Any] | None = None) -> list[Candidate]:
+    """Per key of the spec (those whose first field is in subset, if given) and phase: the
+    spec's current tiling first, then the search space's, those the rules accept, at most
     max_candidates of them."""
+    tuner = tuner_of(spec)
+    phases = tuner.phases if phases is None else tuple(phases)
     found = []
-    dims = [d for d in spec.attention.head_dims if head_dims is None or d in head_dims]
-    for dim, causal, phase in itertools.product(dims, (False, True), phases):
-        keys = {**SEARCH_SPACE, **PHASE_SPACE[phase]}
-        space = [tiling for tiling in (dict(zip(keys, values))
-                                       for values in itertools.product(*keys.values()))
-                 if _worth_timing(tiling)]
-        mine: list[Candidate] = []
-        for tiling in [current_tiling(spec, dim, causal, phase), *space]:
-            candidate = _as_candidate(dim, causal, phase, tiling)
-            if candidate in mine or tiling_problems(phase, PHASE_TILING[phase](**tiling), (dim,), causal):
-                continue
-            mine.append(candidate)
-        found += mine[:max_candidates]
+    for key in tuner.keys(spec, subset):
+        for phase in phases:
+            mine: list[Candidate] = []
+            for tiling in [tuner.current(spec, key, phase), *tuner.space(spec, key, phase)]:
+                candidate = as_candidate(tuner, key, phase, tiling)
+                if candidate in mine or tuner.problems(spec, key, phase, tiling):
+                    continue
+                mine.append(candidate)
+            found += mine[:max_candidates]
     return found
 
 
-def tune_shape(spec: Any, dim: int) -> dict[str, int]:
-    """batch, heads, kv_heads, seq_len a head dim is timed at: its first [bench] shape's, else
-    DEFAULT_GQA_SHAPE (attention.gqa) or DEFAULT_SHAPE."""
-    for shape in spec.bench.shapes:
-        if shape.head_dim == dim:
-            return {"batch": shape.batch, "heads": shape.heads,
-                    "kv_heads": shape.kv_heads or shape.heads, "seq_len": shape.seq_len}
-    return dict(DEFAULT_GQA_SHAPE if spec.attention.gqa else DEFAULT_SHAPE)
-
-
 def compile_job(spec: Any, plan: Any, candidate: Candidate) -> CompileJob:
-    """The kernel a candidate launches at its tune shape (its heads and KV heads, the spec's
-    first layout, the bench dtype, the default scale, the shape's dK/dV reductions): the very
-    kernel the timing launches, so that on a GPU the timing loads it from TileLang's cache."""
-    layout, dtype = spec.attention.layouts[0], spec.bench.dtype
-    scale = default_softmax_scale(candidate.head_dim)
-    shape = tune_shape(spec, candidate.head_dim)
-    heads, kv_heads = shape["heads"], shape["kv_heads"]
-    args = (heads, kv_heads, candidate.head_dim, candidate.causal, 0, layout, dtype, scale)
-    if candidate.phase == "bwd":
-        chosen = reductions(spec)
-        dk, dv = (chosen["dk"], chosen["dv"]) if heads > kv_heads else ("direct", "direct")
-        args = (*args, dk, dv)
-    return CompileJob(plan.kernels[candidate.phase].factory, args, candidate.tiling_dict,
-                      candidate.label)
+    """The kernel the candidate launches when it is timed (so that on a GPU the timing loads it
+    from TileLang's cache, where the compile check put it)."""
+    return tuner_of(spec).compile_job(spec, plan, candidate.key, candidate.phase,
+                                      candidate.tiling_dict, candidate.label)
 
 
 def pick_winners(found: Iterable[Candidate], times: dict[Candidate, float | None]
-                 ) -> dict[tuple[int, bool, str], Candidate]:
-    """The fastest candidate per (head_dim, causal, phase). A candidate without a time (it failed
+                 ) -> dict[tuple, Candidate]:
+    """The fastest candidate per variant (key and phase). A candidate without a time (it failed
     to compile, gave a wrong result, or was not run) cannot win; on a tie the earlier one wins."""
-    winners: dict[tuple[int, bool, str], Candidate] = {}
+    winners: dict[tuple, Candidate] = {}
     for candidate in found:
         ms = times.get(candidate)
         if ms is None:
@@ -161,27 +103,22 @@ def pick_winners(found: Iterable[Candidate], times: dict[Candidate, float | None
     return winners
 
 
-def timed_variants(found: Iterable[Candidate], times: dict[Candidate, float | None]
-                   ) -> set[tuple[int, bool, str]]:
+def timed_variants(found: Iterable[Candidate], times: dict[Candidate, float | None]) -> set[tuple]:
     """The variants every candidate of which has a result (a time or None): those a run cut off
     while timing may still pick a winner for."""
-    variants: dict[tuple[int, bool, str], bool] = {}
+    variants: dict[tuple, bool] = {}
     for candidate in found:
         variants[candidate.variant] = variants.get(candidate.variant, True) and candidate in times
     return {v for v, done in variants.items() if done}
 
 
-def merged_entries(spec: Any, winners: dict[tuple[int, bool, str], Candidate]
-                   ) -> dict[tuple[int, bool], dict[str, dict[str, int]]]:
-    """The spec's [[tiling.tuned]] entries with the winners in place: (head_dim, causal) ->
-    {phase: tiling}; the phases not tuned now keep their earlier entries."""
-    entries: dict[tuple[int, bool], dict[str, dict[str, int]]] = {}
-    for entry in spec.tiling.tuned:
-        for phase in TUNED_PHASES:
-            if (tiling := getattr(entry, phase)) is not None:
-                entries.setdefault((entry.head_dim, entry.causal), {})[phase] = tiling.model_dump()
-    for (dim, causal, phase), candidate in winners.items():
-        entries.setdefault((dim, causal), {})[phase] = candidate.tiling_dict
+def merged_entries(spec: Any, winners: dict[tuple, Candidate]
+                   ) -> dict[tuple, dict[str, dict[str, Any]]]:
+    """The spec's [[tiling.tuned]] entries with the winners in place: key -> {phase: tiling};
+    the phases not tuned now keep their earlier entries."""
+    entries = tuner_of(spec).entries(spec)
+    for candidate in winners.values():
+        entries.setdefault(candidate.key, {})[candidate.phase] = candidate.tiling_dict
     return entries
 
 
@@ -190,13 +127,15 @@ def toml_value(value: int | bool) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
-def render_tuned(entries: dict[tuple[int, bool], dict[str, dict[str, int]]], comment: str) -> str:
-    """[[tiling.tuned]] entries as TOML, sorted, under `comment`."""
+def render_tuned(tuner: Tuner, entries: dict[tuple, dict[str, dict[str, Any]]],
+                 comment: str) -> str:
+    """[[tiling.tuned]] entries as TOML, sorted by key, under `comment`."""
     blocks = []
-    for (dim, causal) in sorted(entries):
-        lines = ["[[tiling.tuned]]", f"head_dim = {dim}", f"causal = {toml_value(causal)}"]
-        for phase in TUNED_PHASES:
-            if (tiling := entries[dim, causal].get(phase)) is not None:
+    for key in sorted(entries):
+        lines = ["[[tiling.tuned]]", *(f"{name} = {toml_value(value)}"
+                                       for name, value in zip(tuner.key_fields, key, strict=True))]
+        for phase in tuner.phases:
+            if (tiling := entries[key].get(phase)) is not None:
                 inline = ", ".join(f"{k} = {toml_value(v)}" for k, v in tiling.items())
                 lines.append(f"{phase} = {{ {inline} }}")
         blocks.append("\n".join(lines) + "\n")
@@ -214,7 +153,7 @@ def _is_value(line: str) -> bool:
     return bool(text) and not text.startswith("#") and not _HEADER.match(line)
 
 
-def write_tuned(text: str, entries: dict[tuple[int, bool], dict[str, dict[str, int]]],
+def write_tuned(text: str, tuner: Tuner, entries: dict[tuple, dict[str, dict[str, Any]]],
                 comment: str) -> str:
     """The spec's text with its [[tiling.tuned]] entries (and their `# tuned by opgen tune`
     comment) replaced by `entries` under `comment`; every other line as it was. Without earlier
@@ -239,7 +178,7 @@ def write_tuned(text: str, entries: dict[tuple[int, bool], dict[str, dict[str, i
             if before is not None and after is not None and all(
                     not lines[j].strip() or j in removed for j in range(before, after)):
                 removed.add(i)
-    block = render_tuned(entries, comment) if entries else ""
+    block = render_tuned(tuner, entries, comment) if entries else ""
     if removed and not block and min(removed) > 0 and not lines[min(removed) - 1].strip():
         removed.add(min(removed) - 1)  # the blank line the table was inserted after
     if removed:
@@ -271,7 +210,7 @@ def unified_diff(old: str, new: str, path: str) -> str:
                                         f"{path} (before)", f"{path} (tuned)"))
 
 
-# --- on the GPU --------------------------------------------------------------------------------
+# --- on the GPU: what every family's timing shares ---------------------------------------------
 
 
 @contextlib.contextmanager
@@ -299,100 +238,45 @@ def _max_error(got, want) -> float:
     return (got.float() - want.float()).abs().max().item()
 
 
-def prebuild_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
-                        workers: int) -> None:
-    """Build (or load from TileLang's cache, where the compile check put them) the kernel each
-    candidate launches, its compile job, `workers` at a time through the package's parallel
-    prebuild, before any is timed: built on first launch they would come one by one. The other
-    phases' kernels are the base tiling's, built by the first run_forward of each variant.
-    A causal forward candidate's call plan also builds its paired forward (which short calls
-    run): built here too, or each of them would compile alone while the candidates are timed."""
-    calls = []
-    for candidate in found:
-        job = compile_job(spec, plan, candidate)
-        factory = getattr(autograd, job.factory)
-        calls.append((factory, job.args, job.tiling))
-        if candidate.phase == "fwd" and has_paired_forward(candidate.causal, window=0):
-            calls.append((factory, job.args, paired_tiling(job.tiling)))
-    for start in range(0, len(calls), workers):
-        try:
-            autograd.prebuild(calls[start:start + workers])
-        except Exception:  # a kernel that fails to build fails its candidate's timing
-            pass
+def time_by_key(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
+                report: Callable[[Candidate, float | None, str], None],
+                times: dict[Candidate, float | None],
+                calls_at: Callable[[tuple], dict[str, tuple[Callable[[], tuple], tuple, tuple]]]
+                ) -> dict[Candidate, float | None]:
+    """ms per call of each candidate, into times as they come (a caller still has them when the
+    run is interrupted); None for one that failed or was wrong (report says why).
 
-
-def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
-                    report: Callable[[Candidate, float | None, str], None],
-                    workers: int = 16,
-                    times: dict[Candidate, float | None] | None = None
-                    ) -> dict[Candidate, float | None]:
-    """ms per call of each candidate through the package's run_forward / run_backward at its tune
-    shape, after its output (fwd) or gradients (bwd) matched the reference within the spec's
-    tolerance; None for a candidate that failed or was wrong (report says why). Every
-    candidate's kernels are built first, `workers` at a time. The results go into `times` as
-    they come (a new dict if None), so a caller still has them when the run is interrupted."""
+    calls_at(key) makes a key's inputs once and gives, per phase, (call, labels, references):
+    call() runs the phase through the package (its outputs in order), each output named by a
+    label must match its reference within the spec's tolerance at the bench dtype before the
+    call is timed by the package bench's stream_ms (back-to-back calls, the median batch: the
+    method of its tables). Each candidate runs with its tiling in the package's base tiling
+    constant (its tuned table emptied) and the package's call plans cleared, all restored after."""
     import torch
 
-    dtype_name = spec.bench.dtype
-    dtype = getattr(torch, dtype_name)
-    tol = spec.test.tolerance_for(dtype_name)
-    layout = spec.attention.layouts[0]
-    reference = getattr(autograd, f"{spec.name}_reference")
-    # The package bench's timing (back-to-back calls, the median batch): the method of its tables.
+    tol = spec.test.tolerance_for(spec.bench.dtype)
     bench = importlib.import_module(f"{autograd.__package__}.bench_{spec.name}")
-    names = {phase: plan.kernels[phase].tiling_name for phase in TUNED_PHASES}
+    names = {c.phase: plan.kernels[c.phase].tiling_name for c in found}
     saved = {n: getattr(autograd, n) for p in names.values() for n in (p, p + "S")
              if hasattr(autograd, n)}
-    prebuild_candidates(spec, plan, autograd, found, workers)
-    times = {} if times is None else times
-    by_variant: dict[tuple[int, bool], list[Candidate]] = {}
+    by_key: dict[tuple, list[Candidate]] = {}
     for c in found:
-        by_variant.setdefault((c.head_dim, c.causal), []).append(c)
+        by_key.setdefault(c.key, []).append(c)
     try:
-        for (dim, causal), mine in by_variant.items():
-            shape = tune_shape(spec, dim)
-            b, h, kv, s = shape["batch"], shape["heads"], shape["kv_heads"], shape["seq_len"]
-            gen = torch.Generator(device="cuda").manual_seed(0)
-
-            def randn(*size, dtype=dtype):
-                return torch.randn(*size, generator=gen, device="cuda", dtype=dtype)
-
-            def qkv_shape(heads):
-                return (b, s, heads, dim) if layout == "bshd" else (b, heads, s, dim)
-
-            inputs = [randn(*qkv_shape(h)), randn(*qkv_shape(kv)), randn(*qkv_shape(kv))]
-            if plan.sinks:
-                inputs.append(randn(h, dtype=torch.float32))
-            do = randn(*qkv_shape(h))
-            scale = default_softmax_scale(dim)
-            leaves = [t.detach().float().requires_grad_() for t in inputs]
-            ref_out = reference(*leaves, causal=causal, layout=layout, softmax_scale=scale)
-            ref_grads = torch.autograd.grad(ref_out, leaves, do.float())
-            ref_out = ref_out.detach()
-            del leaves
-            o, lse = autograd.run_forward(*inputs, causal, None, layout, scale)
+        for key, mine in by_key.items():
+            calls = calls_at(key)
             for candidate in mine:
                 for name, value in saved.items():
                     setattr(autograd, name, value)
-                tiling = candidate.tiling_dict
-                setattr(autograd, names[candidate.phase], tiling)
+                setattr(autograd, names[candidate.phase], candidate.tiling_dict)
                 if hasattr(autograd, names[candidate.phase] + "S"):
                     setattr(autograd, names[candidate.phase] + "S", {})
                 # The package's call plans hold the kernels of the tiling they were made with.
                 autograd.PLANS.clear()
                 try:
-                    if candidate.phase == "fwd":
-                        def call():
-                            return autograd.run_forward(*inputs, causal, None, layout, scale)
-                        checks = [("O", call()[0], ref_out)]
-                    else:
-                        def call():
-                            return autograd.run_backward(*inputs, o, lse, do, causal, None,
-                                                         layout, scale)
-                        labels = ("dQ", "dK", "dV", "dsinks")
-                        checks = list(zip(labels, call(), ref_grads))
+                    call, labels, references = calls[candidate.phase]
                     wrong = [f"{label} max error {_max_error(got, want):.3g}"
-                             for label, got, want in checks
+                             for label, got, want in zip(labels, call(), references)
                              if _max_error(got, want) > tol.atol + tol.rtol * want.abs().max().item()]
                     if wrong:
                         times[candidate] = None
@@ -403,10 +287,11 @@ def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
                 except Exception as exc:  # a candidate that fails is dropped, the rest still run
                     times[candidate] = None
                     report(candidate, None, f"failed: {type(exc).__name__}: {exc}".splitlines()[0])
-            del inputs, do, o, lse, ref_out, ref_grads
+            del calls
             torch.cuda.empty_cache()
     finally:
         for name, value in saved.items():
             setattr(autograd, name, value)
         autograd.PLANS.clear()
     return times
+

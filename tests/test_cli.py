@@ -144,11 +144,12 @@ def test_new_scaffold_is_the_shipped_spec(project, cli, name):
 def test_without_tuned_tables_leaves_a_scaffold():
     """The helper above gives back the text `opgen tune` started from."""
     from opgen import tune
+    from opgen.families.attention_tune import TUNER
 
     entries = {(64, False): {"fwd": {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2}},
                (128, True): {"fwd": {"block_m": 128, "block_n": 64, "threads": 256, "num_stages": 1}}}
     attention = (REPO_ROOT / "tests/specs/attention_recompute.toml").read_text()
-    tuned = tune.write_tuned(attention, entries, "# two lines\n# of comment")
+    tuned = tune.write_tuned(attention, TUNER, entries, "# two lines\n# of comment")
     assert tuned != attention and without_tuned_tables(tuned) == attention
 
 

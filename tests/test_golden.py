@@ -32,6 +32,7 @@ SHIPPED = [
 GOLDEN = SHIPPED + [
     ("tests/specs/attention_recompute.toml", "tests/golden/attention_recompute"),
     ("tests/specs/attention_tuned.toml", "tests/golden/attention_tuned"),
+    ("tests/specs/rmsnorm_tuned.toml", "tests/golden/rmsnorm_tuned"),
     ("tests/specs/swiglu_fused.toml", "tests/golden/swiglu_fused"),
 ]
 assert ("specs/attention.toml", "generated/attention") in GOLDEN

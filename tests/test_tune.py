@@ -12,6 +12,7 @@ import pytest
 
 from conftest import REPO_ROOT
 from opgen import tune
+from opgen.families import attention_tune as AT
 from opgen.errors import SpecError
 from opgen.families import FAMILIES
 from opgen.families.attention import PHASE_TILING, tiling_problems
@@ -135,7 +136,7 @@ def test_candidates_pass_the_rules_current_tiling_first():
     found = tune.candidates(spec)
     assert found, "no candidate"
     for c in found:
-        assert not tiling_problems(c.phase, PHASE_TILING[c.phase](**c.tiling_dict), (c.head_dim,))
+        assert not tiling_problems(c.phase, PHASE_TILING[c.phase](**c.tiling_dict), (c.key[0],))
     # The overlapped forward is a candidate only where its rule allows it (two warpgroups,
     # pipelined), never in the backward; the plain loop's tiling has no overlap key at all.
     overlapped = [c for c in found if c.tiling_dict.get("overlap")]
@@ -184,7 +185,7 @@ def test_a_cut_off_run_keeps_the_variants_it_timed_in_full():
     """A tune interrupted while timing (Ctrl-C, a time limit) writes the winners of the variants
     each candidate of which has a result (a wrong or failed one counts), and no other."""
     def cand(dim, causal, block_n):
-        return tune._as_candidate(dim, causal, "fwd", {"block_m": 128, "block_n": block_n,
+        return tune.as_candidate(AT.TUNER, (dim, causal), "fwd", {"block_m": 128, "block_n": block_n,
                                                         "threads": 256, "num_stages": 1})
 
     a, b = cand(64, False, 64), cand(64, False, 128)
@@ -199,9 +200,9 @@ def test_a_cut_off_run_keeps_the_variants_it_timed_in_full():
 
 def test_candidates_of_chosen_head_dims():
     spec = spec_of(SPEC_TEXT)
-    found = tune.candidates(spec, ["fwd"], head_dims={64})
-    assert found and {c.head_dim for c in found} == {64}
-    assert found == [c for c in tune.candidates(spec, ["fwd"]) if c.head_dim == 64]
+    found = tune.candidates(spec, ["fwd"], subset={64})
+    assert found and {c.key[0] for c in found} == {64}
+    assert found == [c for c in tune.candidates(spec, ["fwd"]) if c.key[0] == 64]
 
 
 def test_tune_rejects_head_dims_the_spec_lacks(tmp_path, run_opgen):
@@ -216,7 +217,7 @@ def test_tune_rejects_head_dims_the_spec_lacks(tmp_path, run_opgen):
 
 def test_pick_winners_from_fake_timings():
     def cand(dim, causal, phase, block_n):
-        return tune._as_candidate(dim, causal, phase, {"block_m": 128, "block_n": block_n,
+        return tune.as_candidate(AT.TUNER, (dim, causal), phase, {"block_m": 128, "block_n": block_n,
                                                         "threads": 256, "num_stages": 1})
 
     a, b, c = cand(64, False, "fwd", 32), cand(64, False, "fwd", 64), cand(64, False, "fwd", 128)
@@ -238,8 +239,8 @@ COMMENT = "# tuned by opgen tune on NVIDIA H200, 2026-12-05"
 
 
 def test_writer_keeps_every_line_and_is_idempotent():
-    once = tune.write_tuned(SPEC_TEXT, WINNERS, COMMENT)
-    twice = tune.write_tuned(once, WINNERS, COMMENT)
+    once = tune.write_tuned(SPEC_TEXT, AT.TUNER, WINNERS, COMMENT)
+    twice = tune.write_tuned(once, AT.TUNER, WINNERS, COMMENT)
     assert twice == once
     assert once.count("[[tiling.tuned]]") == 2 and once.count(COMMENT) == 1
     # Only lines added: every original line (comments too) is there, in order.
@@ -255,29 +256,29 @@ def test_writer_keeps_every_line_and_is_idempotent():
 
 
 def test_writer_replaces_an_earlier_table():
-    once = tune.write_tuned(SPEC_TEXT, WINNERS, COMMENT)
+    once = tune.write_tuned(SPEC_TEXT, AT.TUNER, WINNERS, COMMENT)
     later = "# tuned by opgen tune on NVIDIA H100, 2027-01-01"
-    again = tune.write_tuned(once, {(64, True): WINNERS[64, False]}, later)
+    again = tune.write_tuned(once, AT.TUNER, {(64, True): WINNERS[64, False]}, later)
     assert COMMENT not in again and again.count("[[tiling.tuned]]") == 1
-    assert again == tune.write_tuned(SPEC_TEXT, {(64, True): WINNERS[64, False]}, later)
-    assert tune.write_tuned(once, {}, later) == SPEC_TEXT
+    assert again == tune.write_tuned(SPEC_TEXT, AT.TUNER, {(64, True): WINNERS[64, False]}, later)
+    assert tune.write_tuned(once, AT.TUNER, {}, later) == SPEC_TEXT
 
 
 def test_writer_writes_an_overlapped_winner_as_toml():
     # A candidate's tiling holds overlap as a Python bool; the spec needs TOML's `true`.
-    overlapped = tune._as_candidate(128, True, "fwd", {"block_m": 128, "block_n": 128,
+    overlapped = tune.as_candidate(AT.TUNER, (128, True), "fwd", {"block_m": 128, "block_n": 128,
                                                         "threads": 256, "num_stages": 2,
                                                         "overlap": True})
     spec = spec_of(SPEC_TEXT)
-    text = tune.write_tuned(SPEC_TEXT, tune.merged_entries(spec, {overlapped.variant: overlapped}),
+    text = tune.write_tuned(SPEC_TEXT, AT.TUNER, tune.merged_entries(spec, {overlapped.variant: overlapped}),
                             COMMENT)
     assert "num_stages = 2, overlap = true }" in text and "True" not in text
     assert spec_of(text).tiling.tuned[0].fwd.overlap is True
 
 
 def test_merged_entries_keep_phases_not_tuned():
-    spec = spec_of(tune.write_tuned(SPEC_TEXT, WINNERS, COMMENT))
-    new_fwd = tune._as_candidate(128, True, "fwd", {"block_m": 128, "block_n": 32, "threads": 256,
+    spec = spec_of(tune.write_tuned(SPEC_TEXT, AT.TUNER, WINNERS, COMMENT))
+    new_fwd = tune.as_candidate(AT.TUNER, (128, True), "fwd", {"block_m": 128, "block_n": 32, "threads": 256,
                                                      "num_stages": 1})
     entries = tune.merged_entries(spec, {new_fwd.variant: new_fwd})
     assert entries[128, True]["fwd"]["block_n"] == 32
@@ -289,7 +290,7 @@ def test_tune_refuses_other_families_and_phases(tmp_path, run_opgen):
     (tmp_path / "specs").mkdir()
     (tmp_path / "specs/m.toml").write_text((REPO_ROOT / "specs/matmul.toml").read_text())
     result = run_opgen("tune", "specs/m.toml", cwd=tmp_path)
-    assert result.returncode == 2 and "attention family only" in result.stderr
+    assert result.returncode == 2 and "supports the attention and rmsnorm families" in result.stderr
     (tmp_path / "specs/a.toml").write_text(SPEC_TEXT)
     result = run_opgen("tune", "specs/a.toml", "--phases", "fwd,dsinks", cwd=tmp_path)
     assert result.returncode == 2 and "--phases" in result.stderr
@@ -325,12 +326,12 @@ def test_candidates_are_built_before_timing_in_parallel_chunks():
     package = type(sys)("fake_autograd")
     package.__dict__.update(prebuild=chunks.append, attention_fwd="fwd factory",
                             attention_bwd="bwd factory")
-    tune.prebuild_candidates(spec, plan, package, found, workers=16)
+    AT.prebuild_candidates(spec, plan, package, found, workers=16)
     expected = []
     for c in found:
         job = tune.compile_job(spec, plan, c)
         expected.append((f"{c.phase} factory", job.args, c.tiling_dict))
-        if c.phase == "fwd" and c.causal:
+        if c.phase == "fwd" and c.key[1]:
             paired = {k: v for k, v in c.tiling_dict.items() if k != "overlap"}
             expected.append(("fwd factory", job.args, {**paired, "pair_blocks": True}))
     assert any(tiling.get("pair_blocks") for _, _, tiling in expected)
@@ -344,6 +345,7 @@ import os, sys, tempfile
 from pathlib import Path
 os.environ["TILELANG_DEFAULT_TARGET"] = '{"kind": "cuda", "arch": "sm_90a"}'
 from opgen import tune
+from opgen.families import attention_tune as AT
 from opgen.families import FAMILIES
 from opgen.render import generate
 from opgen.spec import read_spec, validate
@@ -351,11 +353,11 @@ spec_path = Path(sys.argv[1])
 spec = validate(FAMILIES["attention"].spec, read_spec(spec_path))
 gen = generate(spec_path)
 with tune.imported_package(gen.files, spec.name, Path(tempfile.mkdtemp())) as autograd:
-    found = [c for c in tune.candidates(spec, ["fwd"]) if c.head_dim == 64 and c.causal][1:2]
+    found = [c for c in tune.candidates(spec, ["fwd"]) if c.key[0] == 64 and c.key[1]][1:2]
     saved = dict(autograd.FWD_TILING)
-    tune.prebuild_candidates(spec, gen.plan, autograd, found, workers=2)
+    AT.prebuild_candidates(spec, gen.plan, autograd, found, workers=2)
     (c,) = found
-    args = (16, 16, 64, True, 0, "bshd", "float16", tune.default_softmax_scale(64))
+    args = (16, 16, 64, True, 0, "bshd", "float16", AT.default_softmax_scale(64))
     # The candidate's forward, and the paired forward its call plan builds too.
     for tiling in (c.tiling_dict, autograd.paired_tiling(c.tiling_dict)):
         key = autograd.kernel_key(autograd.attention_fwd, args, tiling)
@@ -397,11 +399,11 @@ def test_compile_job_is_the_kernel_the_timing_launches(tmp_path):
         validate(ATTENTION, read_spec(path))
         for c in tune.candidates(spec, ("fwd", "bwd"), max_candidates=2):
             job = tune.compile_job(spec, gen.plan, c)
-            shape = tune.tune_shape(spec, c.head_dim)
+            shape = AT.tune_shape(spec, c.key[0])
             heads, kv_heads = shape["heads"], shape["kv_heads"]
-            calls = autograd.variant_calls(heads, kv_heads, c.head_dim, c.causal, 0,
+            calls = autograd.variant_calls(heads, kv_heads, c.key[0], c.key[1], 0,
                                            spec.attention.layouts[0], spec.bench.dtype,
-                                           tune.default_softmax_scale(c.head_dim),
+                                           AT.default_softmax_scale(c.key[0]),
                                            *autograd.reductions(heads, kv_heads))
             factory, args, _ = calls[c.phase]
             assert factory is getattr(autograd, job.factory), c.label
@@ -413,9 +415,9 @@ def test_gqa_head_dim_without_a_bench_shape_is_timed_grouped():
     so the backward candidates run the spec's grouped dK/dV reduction (session 9's tune timed
     them at 16/16 heads, where dK/dV are written directly)."""
     spec, plan = shipped("gqa"), load_plan(REPO_ROOT / "specs/gqa.toml")[0]
-    assert tune.tune_shape(spec, 64) == tune.DEFAULT_GQA_SHAPE
-    assert tune.tune_shape(spec, 128)["kv_heads"] == 8  # its bench shape
+    assert AT.tune_shape(spec, 64) == AT.DEFAULT_GQA_SHAPE
+    assert AT.tune_shape(spec, 128)["kv_heads"] == 8  # its bench shape
     (bwd,) = [c for c in tune.candidates(spec, ["bwd"], max_candidates=1)
-              if (c.head_dim, c.causal) == (64, True)]
+              if c.key == (64, True)]
     assert tune.compile_job(spec, plan, bwd).args[-2:] == ("in_block", "in_block")
-    assert tune.tune_shape(shipped("attention"), 64)["kv_heads"] == 16
+    assert AT.tune_shape(shipped("attention"), 64)["kv_heads"] == 16

@@ -3,7 +3,7 @@
 # start takes 1-3 of the session's 30 minutes; it is given back 30 s after a call ends, so have
 # the next call ready; carry .gpu, built with `../shared/tools/gpu-bundle
 # flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof, from `bash next_gpu_run.sh prep`).
-# Session 24 had no GPU (none lent); its list, in this order:
+# Sessions 24 and 25 had no GPU (none lent); their list, in this order:
 #   1. The overlapped backward without ptxas's injected wait (session 24, CPU: clear_accum;
 #      docs/profiling/ptxas_check.py): is dQ right now, and how fast? Branch bwd-overlap has it
 #      in the template as the bwd tiling key `overlap` (`opgen tune` tries it; the shipped
@@ -12,13 +12,19 @@
 #      and `bash docs/profiling/next_gpu_run.sh tests attention_tuned` (its D128 causal bwd is
 #      overlapped). If right and faster: merge, `TUNE_ARGS="--phases bwd" bash
 #      docs/profiling/next_gpu_run.sh tune attention gqa attention_sink`, tests, bench.
-#   2. Why Python costs 2-10x more on autograd's device thread (run 108: one kernel launch in a
+#   2. rmsnorm's tilings per channel count (session 25, CPU: `opgen tune` for rmsnorm): `bash
+#      docs/profiling/next_gpu_run.sh tune rmsnorm` (189 candidates at C = 4096, 8192, 1024; run
+#      110's kernels-alone best were up to 20% over the spec's one tiling), then `opgen build
+#      specs/rmsnorm.toml` on the CPU machine with the written spec, `bash
+#      docs/profiling/next_gpu_run.sh tests rmsnorm rmsnorm_tuned scaled_silu` (the golden tree runs
+#      hand-written per-C tilings: their first GPU run) and `... bench rmsnorm`.
+#   3. Why Python costs 2-10x more on autograd's device thread (run 108: one kernel launch in a
 #      backward adds 66 us, 5.8 on the main thread): `python docs/profiling/device_thread_probe.py`
 #      (per-call costs on the main thread, a plain thread, the device thread, and with autograd's
 #      multithreading off; the Python threads alive).
-#   3. The D64 causal forward next to cuDNN's (0.80x, the weakest forward): `DIM=64 SDPA=cudnn
+#   4. The D64 causal forward next to cuDNN's (0.80x, the weakest forward): `DIM=64 SDPA=cudnn
 #      bash docs/profiling/next_gpu_run.sh ncu attention causal` (and without SDPA=cudnn).
-#   4. Every attention-family test after session 24's template edit (a docstring only; the
+#   5. Every attention-family test after session 24's template edit (a docstring only; the
 #      kernels' CUDA is unchanged): `bash docs/profiling/next_gpu_run.sh tests attention gqa
 #      attention_sink attention_recompute attention_tuned`.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v

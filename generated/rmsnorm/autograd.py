@@ -267,9 +267,10 @@ class CallPlan:
         found = self.bwds.get(reduction)
         if found is None:
             rows, cols = self.matrix
+            tiling = BWD_TILING
             found = self.bwds[reduction] = (
-                kernel(rmsnorm_bwd, *self.args, reduction, **BWD_TILING),
-                dw_buffer(reduction, rows, cols, BWD_TILING["block_rows"]),
+                kernel(rmsnorm_bwd, *self.args, reduction, **tiling),
+                dw_buffer(reduction, rows, cols, tiling["block_rows"]),
             )
         return found
 
@@ -293,7 +294,8 @@ def call_plan(x, w, save_rstd):
 def alloc_dw(x, reduction):
     """The fp32 dw buffer of the reduction (ALLOC: zeroed for atomic adds)."""
     rows, cols = matrix_dims(x)
-    shape = dw_buffer(reduction, rows, cols, BWD_TILING["block_rows"])
+    tiling = BWD_TILING
+    shape = dw_buffer(reduction, rows, cols, tiling["block_rows"])
     return ALLOC[reduction](shape, dtype=torch.float32, device=x.device)
 
 

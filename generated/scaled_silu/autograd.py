@@ -267,15 +267,11 @@ class CallPlan:
         found = self.bwds.get(reduction)
         if found is None:
             rows, cols = self.matrix
+            tiling = BWD_TILING
             found = self.bwds[reduction] = (
-                kernel(scaled_silu_bwd, *self.args, reduction, **BWD_TILING),
+                kernel(scaled_silu_bwd, *self.args, reduction, **tiling),
                 dw_buffer(
-                    WEIGHT,
-                    reduction,
-                    rows,
-                    cols,
-                    BWD_TILING["block_rows"],
-                    BWD_TILING["block_cols"],
+                    WEIGHT, reduction, rows, cols, tiling["block_rows"], tiling["block_cols"]
                 ),
             )
         return found
@@ -300,9 +296,8 @@ def call_plan(x, w, save_sigmoid):
 def alloc_dw(x, reduction):
     """The fp32 dw buffer of the reduction (ALLOC: zeroed for atomic adds)."""
     rows, cols = matrix_dims(x)
-    shape = dw_buffer(
-        WEIGHT, reduction, rows, cols, BWD_TILING["block_rows"], BWD_TILING["block_cols"]
-    )
+    tiling = BWD_TILING
+    shape = dw_buffer(WEIGHT, reduction, rows, cols, tiling["block_rows"], tiling["block_cols"])
     return ALLOC[reduction](shape, dtype=torch.float32, device=x.device)
 
 

@@ -22,6 +22,7 @@ from opgen.plan import (DTYPE_BYTES, CompileJob, FlopsBenchCase, GradPlan, PlanB
                         Sweep, Table, base_fields, ceildiv, explain_tables,
                         flops_table, format_bytes, kernel_plan, over_smem_limit, refuse_shape,
                         whole_kib)
+from opgen.plan import tuned_tables as plan_tuned_tables
 from opgen.spec import (BenchSection, GemmTiling, PositiveInt, Reduction, ReductionKind, RowTiling,
                         StrictModel, TestSection, echo, family_spec, not_whole_warpgroups)
 
@@ -767,12 +768,7 @@ def default_softmax_scale(head_dim: int) -> float:
 def tuned_tables(spec: Spec) -> dict[str, dict[tuple[int, bool], dict[str, int]]]:
     """[[tiling.tuned]] by phase: {(head_dim, causal): tiling}, sorted, phases without entries
     left out."""
-    tables: dict[str, dict[tuple[int, bool], dict[str, int]]] = {}
-    for entry in sorted(spec.tiling.tuned, key=lambda e: (e.head_dim, e.causal)):
-        for phase in TUNED_PHASES:
-            if (tiling := getattr(entry, phase)) is not None:
-                tables.setdefault(phase, {})[entry.head_dim, entry.causal] = tiling.model_dump()
-    return tables
+    return plan_tuned_tables(spec.tiling.tuned, lambda e: (e.head_dim, e.causal), TUNED_PHASES)
 
 
 def grouped_modes(chosen: dict[str, str]) -> tuple[str, ...]:
@@ -914,6 +910,12 @@ def _check_shape(p: Plan, b, h, kv, s, d, causal, window, dtype) -> None:
     refuse_shape(p, dtype, problems)
 
 
+def _tuner():
+    from opgen.families.attention_tune import TUNER
+
+    return TUNER
+
+
 FAMILY = Family(
     Spec, plan, explain, SCAFFOLDS,
     description=("flash attention: MHA, GQA/MQA (dK/dV atomic, split or in_block), learnable sinks, sliding "
@@ -922,4 +924,5 @@ FAMILY = Family(
     optional_shape_keys=("kv_heads", "causal", "window", "dtype"),
     # The Hugging Face transformers hookup: register() as an attention implementation.
     extra_outputs={"hf.py": "hf.py.jinja"},
+    tuner=_tuner,
 )

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from pydantic import BaseModel
 
@@ -37,6 +38,9 @@ class Family:
     optional_shape_keys: tuple[str, ...] = ("dtype",)
     # Output files of this family only, beside OUTPUT_TEMPLATES (file -> template in its folder).
     extra_outputs: Mapping[str, str] = field(default_factory=dict)
+    # `opgen tune` for this family: returns its Tuner (imported on use: tuners import the
+    # family module, and builds need none). None: the family has no tuned tilings.
+    tuner: Callable[[], "Tuner"] | None = None
 
     @property
     def name(self) -> str:
@@ -74,3 +78,70 @@ def scaffold(title: str, tiling: Mapping[str, BaseModel],
         "tiling": {phase: t.model_dump() for phase, t in tiling.items()},
         "tolerance": {dtype: t.model_dump() for dtype, t in tolerances.items()},
     }
+
+
+class Tuner(ABC):
+    """What `opgen tune` needs of a family whose spec has a [[tiling.tuned]] table: the variants
+    a tiling may be chosen per (a key: the values of key_fields, as an entry writes them), the
+    candidate tilings of each phase, the rules they must pass, the kernel each one launches, and
+    how a candidate is timed on the GPU. opgen.tune holds what is common: the candidates' order,
+    the compile check, picking winners and writing them into the spec."""
+
+    phases: tuple[str, ...]  # the phases an entry may set, in the order entries list them
+    key_fields: tuple[str, ...]  # an entry's key, e.g. ("head_dim", "causal")
+    subset_option: str  # the CLI option that picks some keys' first field, e.g. "--head-dims"
+    subset_noun: str  # what that option names, e.g. "the spec's head dims"
+
+    @abstractmethod
+    def keys(self, spec: Any, subset: Iterable[Any] | None = None) -> list[tuple]:
+        """The keys to tune, in order (those whose first field is in subset, if given)."""
+
+    @abstractmethod
+    def subset_values(self, spec: Any) -> tuple:
+        """The values subset_option may name."""
+
+    @abstractmethod
+    def space(self, spec: Any, key: tuple, phase: str) -> list[dict[str, Any]]:
+        """The search space of a phase at key, in the order candidates are listed."""
+
+    @abstractmethod
+    def dump(self, phase: str, tiling: dict[str, Any]) -> dict[str, Any]:
+        """The tiling as the spec and the package print it (defaults left out), so that a
+        candidate equal to the spec's tiling is the same candidate."""
+
+    @abstractmethod
+    def problems(self, spec: Any, key: tuple, phase: str, tiling: dict[str, Any]) -> list:
+        """The spec's rules' problems with the tiling at key (none: a candidate)."""
+
+    @abstractmethod
+    def compile_job(self, spec: Any, plan: Any, key: tuple, phase: str,
+                    tiling: dict[str, Any], label: str) -> Any:
+        """The CompileJob of the kernel the candidate launches when it is timed."""
+
+    @abstractmethod
+    def describe(self, key: tuple) -> str:
+        """The key in a label: "d128 causal", "C=4096"."""
+
+    @abstractmethod
+    def describe_tiling(self, tiling: dict[str, Any]) -> str:
+        """The tiling in a label."""
+
+    @abstractmethod
+    def time_candidates(self, spec: Any, plan: Any, autograd: Any, found: list, report: Callable,
+                        workers: int, times: dict) -> dict:
+        """ms per call of each candidate (None where it failed or was wrong) into times."""
+
+    def current(self, spec: Any, key: tuple, phase: str) -> dict[str, Any]:
+        """The tiling the spec launches phase with at key: its entry's, else the base one."""
+        tiling = self.entries(spec).get(key, {}).get(phase)
+        return tiling if tiling is not None else getattr(spec.tiling, phase).model_dump()
+
+    def entries(self, spec: Any) -> dict[tuple, dict[str, dict[str, Any]]]:
+        """The spec's [[tiling.tuned]] entries: key -> {phase: tiling}."""
+        found: dict[tuple, dict[str, dict[str, Any]]] = {}
+        for entry in spec.tiling.tuned:
+            key = tuple(getattr(entry, f) for f in self.key_fields)
+            for phase in self.phases:
+                if (tiling := getattr(entry, phase)) is not None:
+                    found.setdefault(key, {})[phase] = tiling.model_dump()
+        return found

@@ -25,9 +25,9 @@ from pydantic import Field
 
 from opgen.families.contract import Family, scaffold
 from opgen.plan import (DTYPE_BYTES, SM90_SMEM_LIMIT, TESTED_SAVES, CompileJob, SavedAuxPlan,
-                        SourceInfo, Table, bytes_moved_table, ceildiv, distinct_jobs, explain_tables, format_bytes,
+                        ShapeCase, SourceInfo, Table, bytes_moved_table, ceildiv, distinct_jobs, explain_tables, format_bytes,
                         kernel_plan, not_positive, refuse_shape, saved_aux_fields, saved_aux_jobs,
-                        weight_dtype, weight_grads_table, weighted_bytes_moved)
+                        tuned_tables, weight_dtype, weight_grads_table, weighted_bytes_moved)
 from opgen.spec import (BenchSection, Block, MatrixShape, PositiveInt, RowBlock, StrictModel,
                         TensorShape, TestSection, Threads, WeightGrads, family_spec, shapes_of,
                         too_few_elements, too_many_elements, untested_tail)
@@ -58,6 +58,19 @@ DEFAULT_TILING = {
     "fwd": RowTiling(block_rows=1, block_channels=1024, threads=128),
     "bwd": RowTiling(block_rows=16, block_channels=1024, threads=256),
 }
+PHASES = ("fwd", "bwd")
+
+
+class TunedRowTiling(StrictModel):
+    """One [[tiling.tuned]] entry (written by `opgen tune`): the fwd and/or bwd tiling of calls
+    whose x has `channels` channels (C); calls at any other C use [tiling.fwd] / [tiling.bwd].
+    The best tiling differs per C: blocks of more rows where C is narrow, fewer where few rows
+    would leave SMs idle."""
+
+    channels: PositiveInt
+    fwd: RowTiling | None = None
+    bwd: RowTiling | None = None
+
 
 DEFAULT_MAX_CHANNELS = 16384
 # Any x shapes [..., C]. Keep sizes that are not a multiple of any block (rows and C): tail blocks
@@ -132,17 +145,22 @@ def shared_bytes(phase: str, tiling: dict[str, int], channels: int, elem: int) -
     return width * (rows * 2 * elem + 2 * ACCUM_BYTES) + 2 * workspace
 
 
+def chunk_problems(phase: str, t: RowTiling) -> list[tuple[str, str]]:
+    """(key, problem) of a phase's tiling whose chunk gives its threads too few or too many
+    elements."""
+    # A fwd chunk is [block_rows, block_channels]; a bwd chunk is one row of block_channels.
+    chunk = t.block_channels * (t.block_rows if phase == "fwd" else 1)
+    what = "block_rows x block_channels" if phase == "fwd" else "block_channels"
+    problems = (too_few_elements(chunk, t.threads),
+                too_many_elements(chunk, t.threads, MAX_CHUNK_ELEMENTS_PER_THREAD,
+                                  "the fp32 row sums of its elements of a chunk"))
+    return [(".block_channels", f"{what} {problem}") for problem in problems if problem]
+
+
 def chunks_fit_threads(spec: Spec):
-    for phase in ("fwd", "bwd"):
-        t = getattr(spec.tiling, phase)
-        # A fwd chunk is [block_rows, block_channels]; a bwd chunk is one row of block_channels.
-        chunk = t.block_channels * (t.block_rows if phase == "fwd" else 1)
-        what = "block_rows x block_channels" if phase == "fwd" else "block_channels"
-        problems = (too_few_elements(chunk, t.threads),
-                    too_many_elements(chunk, t.threads, MAX_CHUNK_ELEMENTS_PER_THREAD,
-                                      "the fp32 row sums of its elements of a chunk"))
-        for problem in filter(None, problems):
-            yield f"tiling.{phase}.block_channels", f"{what} {problem}"
+    for phase in PHASES:
+        for key, problem in chunk_problems(phase, getattr(spec.tiling, phase)):
+            yield f"tiling.{phase}{key}", problem
 
 
 def rows_fit_shared_memory(spec: Spec):
@@ -161,6 +179,40 @@ def rows_fit_shared_memory(spec: Spec):
                 f"C = {limit} (rounded up to whole block_channels chunks), over the sm_90 limit "
                 f"{SM90_SMEM_LIMIT}; lower {lower} (got {limit})"
             )
+
+
+def tuned_problems(phase: str, t: RowTiling, channels: int, elem: int) -> list[tuple[str, str]]:
+    """(key, problem) of a tiling for calls at C = channels: the chunk rule, and its staged rows
+    within the sm_90 shared memory at that C."""
+    problems = chunk_problems(phase, t)
+    need = shared_bytes(phase, t.model_dump(), channels, elem)
+    if need > SM90_SMEM_LIMIT:
+        lower = "block_rows" if phase == "fwd" else "block_channels (rows are padded to whole chunks)"
+        problems.append(("", f"the {phase} kernel stages {need} bytes of shared memory at C = "
+                             f"{channels}, over the sm_90 limit {SM90_SMEM_LIMIT}; lower {lower}"))
+    return problems
+
+
+def tuned_tilings_fit(spec: Spec):
+    """[[tiling.tuned]] entries: a C the op takes, one entry per C, and tilings under the rules
+    of the base tiling at that C."""
+    elem = max((DTYPE_BYTES[d] for d in spec.dtypes), default=2)
+    seen = set()
+    for i, entry in enumerate(spec.tiling.tuned):
+        where = f"tiling.tuned.{i}"
+        if entry.channels > spec.rmsnorm.max_channels:
+            yield f"{where}.channels", (f"must be at most rmsnorm.max_channels "
+                                        f"({spec.rmsnorm.max_channels}) (got {entry.channels})")
+        if entry.channels in seen:
+            yield where, f"repeats channels = {entry.channels}: one entry per channel count"
+        seen.add(entry.channels)
+        if entry.fwd is None and entry.bwd is None:
+            yield where, "give fwd, bwd or both (a tiling table each)"
+        for phase in PHASES:
+            tiling = getattr(entry, phase)
+            if tiling is not None:
+                for key, problem in tuned_problems(phase, tiling, entry.channels, elem):
+                    yield f"{where}.{phase}{key}", problem
 
 
 def tested_shapes_within_max_channels(spec: Spec):
@@ -193,12 +245,16 @@ def bench_shapes_within_max_channels(spec: Spec):
 
 # The rmsnorm rules, in the order their problems are reported (after the shared ones).
 RULES = (chunks_fit_threads, rows_fit_shared_memory, tested_shapes_within_max_channels,
-         tested_shapes_have_tails, bench_shapes_within_max_channels)
+         tested_shapes_have_tails, bench_shapes_within_max_channels, tuned_tilings_fit)
 
 
 Spec = family_spec(
     "rmsnorm", RULES, rmsnorm=RmsnormSection, grads=WeightGrads, saved=RmsnormSaved,
-    tiling=DEFAULT_TILING, test=TestSection.of(TensorShape, DEFAULT_TEST_SHAPES),
+    tiling=DEFAULT_TILING,
+    # [[tiling.tuned]]: tilings per C, written by `opgen tune`. Left out of the spec's hash when
+    # empty, so a spec without it hashes as before the key existed.
+    tiling_keys={"tuned": (tuple[TunedRowTiling, ...], Field((), exclude_if=lambda v: not v))},
+    test=TestSection.of(TensorShape, DEFAULT_TEST_SHAPES),
     bench=BenchSection.of(MatrixShape, shapes_of(MatrixShape, DEFAULT_BENCH_SHAPES), "bfloat16"),
 )
 
@@ -263,6 +319,8 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     # Prefer a shape with tails in both rows and channels; validation found one with each.
     tail_case = max(fields["test_cases"],
                     key=lambda c: _row_tail(spec, c.shape) + _column_tail(spec, c.shape))
+    tuned = tuned_tables(spec.tiling.tuned, lambda e: e.channels, PHASES)
+    fields["test_cases"] += _tuned_test_cases(spec, tuned)
     return Plan(
         **fields,
         eps=section.eps,
@@ -271,21 +329,37 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         kernels=kernels,
         save_rstd=save_rstd,
         tail_case=tail_case,
-        compile_jobs=_compile_jobs(spec, kernels, tail_case, fields["test_reductions"]),
+        tuned=tuned,
+        compile_jobs=_compile_jobs(spec, kernels, tuned, tail_case, fields["test_reductions"]),
     )
 
 
-def _compile_jobs(spec, kernels, tail_case, test_reductions) -> tuple[CompileJob, ...]:
+def _tuned_test_cases(spec: Spec, tuned: dict[str, dict[int, dict[str, int]]]
+                      ) -> tuple[ShapeCase, ...]:
+    """A test shape at each tuned C that no test shape has, so that the generated tests run every
+    tuned tiling: an odd row count above every block_rows, for a tail block in each phase."""
+    tested = {shape[-1] for shape in spec.test.shapes}
+    channels = sorted({c for table in tuned.values() for c in table} - tested)
+    block_rows = [t["block_rows"] for table in tuned.values() for t in table.values()]
+    rows = 2 * max([spec.tiling.fwd.block_rows, spec.tiling.bwd.block_rows, *block_rows]) + 1
+    return tuple(ShapeCase((rows, c)) for c in channels)
+
+
+def _compile_jobs(spec, kernels, tuned, tail_case, test_reductions) -> tuple[CompileJob, ...]:
     """Every kernel variant the package launches, at the tail shape's C: per dtype, fwd with and
     without the saved rstd, bwd for each of those and each dw reduction the tests run; then the
     benchmark's C with the spec's choices; then the spec's choices at C = max_channels (the most
-    shared memory the op ever asks for). The row count is symbolic: a variant is its C."""
+    shared memory the op ever asks for); then each tuned C at the first dtype with every saved
+    and reduction choice the tests run. The row count is symbolic: a variant is its C (and the
+    tiling it runs with there)."""
     save_default = spec.saved.rstd == "save"
     section = spec.rmsnorm
 
     def jobs_for(cols, dtype, saves, reductions, tag):
         args = (cols, dtype, weight_dtype(section.weight_dtype, dtype), section.eps)
-        return saved_aux_jobs(kernels, args, saves, reductions, "rstd", f"{dtype} C={cols}", tag)
+        tilings = {key: table[cols] for key, table in tuned.items() if cols in table}
+        return saved_aux_jobs(kernels, args, saves, reductions, "rstd", f"{dtype} C={cols}", tag,
+                              tilings)
 
     cols = matrix(tail_case.shape)[1]
     jobs = []
@@ -295,6 +369,8 @@ def _compile_jobs(spec, kernels, tail_case, test_reductions) -> tuple[CompileJob
     for shape in spec.bench.shapes:
         jobs += jobs_for(shape.channels, spec.bench.dtype, *spec_choice, " (bench)")
     jobs += jobs_for(spec.rmsnorm.max_channels, spec.dtypes[0], *spec_choice, " (max_channels)")
+    for channels in sorted({c for table in tuned.values() for c in table}):
+        jobs += jobs_for(channels, spec.dtypes[0], TESTED_SAVES, test_reductions, " (tuned)")
     return distinct_jobs(jobs)
 
 
@@ -308,9 +384,9 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     elem = DTYPE_BYTES[dtype]
     w_elem = DTYPE_BYTES[weight_dtype(p.weight_dtype, dtype)]
     numel = rows * channels
-    grids = {key: (ceildiv(rows, k.tiling["block_rows"]),) for key, k in p.kernels.items()}
-    smem = {key: format_bytes(shared_bytes(key, k.tiling, channels, elem))
-            for key, k in p.kernels.items()}
+    tilings = {key: p.tiling_for(key, channels) for key in p.kernels}
+    grids = {key: (ceildiv(rows, t["block_rows"]),) for key, t in tilings.items()}
+    smem = {key: format_bytes(shared_bytes(key, t, channels, elem)) for key, t in tilings.items()}
     sizes = {"x": numel * elem, "w": channels * w_elem, "rstd": rows * 4}  # rstd: fp32 per row
     row_blocks = grids["bwd"][0]
     fwd_bytes, bwd_bytes = weighted_bytes_moved(numel, channels, elem, w_elem)
@@ -335,9 +411,16 @@ def _check_shape(p: Plan, rows: int, channels: int, dtype: str) -> None:
     refuse_shape(p, dtype, problems)
 
 
+def _tuner():
+    from opgen.families.rmsnorm_tune import TUNER
+
+    return TUNER
+
+
 FAMILY = Family(
     Spec, plan, explain, SCAFFOLDS,
     description=("RMSNorm x * rstd * w, w per channel: fwd (rstd saved or recomputed), bwd (dx "
                  "direct; dw atomic or split)"),
     shape_keys=("rows", "channels", "dtype"),
+    tuner=_tuner,
 )
