@@ -32,6 +32,22 @@ def test_family_declares_the_contract(name):
         env.get_template(template)
 
 
+@pytest.mark.parametrize("name", [n for n in family_names() if FAMILIES[n].tuner is not None])
+def test_a_tuner_names_the_fields_and_phases_of_its_spec_s_tuned_entries(name):
+    from opgen.families.contract import Tuner
+
+    family = FAMILIES[name]
+    tuner = family.tuner()
+    assert isinstance(tuner, Tuner) and tuner.subset_option.startswith("--")
+    entry = family.spec.model_fields["tiling"].annotation.model_fields["tuned"].annotation
+    (entry,) = entry.__args__[:1]  # tuple[Entry, ...]
+    assert set(tuner.key_fields) | set(tuner.phases) == set(entry.model_fields)
+    spec = family.spec.model_validate({"name": "x", "family": name})
+    keys = tuner.keys(spec)
+    assert keys and all(len(k) == len(tuner.key_fields) for k in keys)
+    assert {k[0] for k in keys} == set(tuner.subset_values(spec))
+
+
 def test_scaffold_names_are_unique_across_families():
     names = [scaffold for family in FAMILIES.values() for scaffold in family.scaffolds]
     assert len(names) == len(set(names))
