@@ -571,8 +571,9 @@ def _describe(err: dict[str, Any], model: type[BaseModel]) -> tuple[str, str]:
 
 
 def _choices(ctx: dict[str, Any]) -> list[str]:
-    # pydantic words a Literal's choices as "'a', 'b' or 'c'".
-    return re.findall(r"'([^']*)'", ctx["expected"])
+    # pydantic words a Literal's choices as "'a', 'b' or 'c'", and numbers as "2 or 3".
+    quoted = re.findall(r"'([^']*)'", ctx["expected"])
+    return quoted or re.split(r", | or ", ctx["expected"])
 
 
 def _unknown_key(allowed: list[str]) -> str:

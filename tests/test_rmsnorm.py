@@ -22,7 +22,7 @@ from opgen.families.rmsnorm import (
     explain,
     matrix,
     padded,
-    bwd_row_stages,
+    copied_rows,
     shared_bytes,
 )
 from opgen.plan import SM90_SMEM_LIMIT, weighted_bytes_moved
@@ -255,17 +255,24 @@ def test_shared_bytes():
     assert shared_bytes("bwd", bwd, 16384, 2) <= SM90_SMEM_LIMIT < shared_bytes("bwd", bwd, 20000, 2)
 
 
-def test_bwd_row_stages_match_the_generated_kernels():
-    """opgen's estimate (explain, the max_channels check) and the generated kernels' run-time
-    choice of async row copies are one rule written twice: they must agree."""
+def test_copied_rows_match_the_generated_kernels():
+    """opgen's estimate (explain, the max_channels check, the tuned entries' rule) and the
+    generated kernels' run-time choice of the rows copied ahead are one rule written twice: they
+    must agree, at both row_stages."""
     kernels = importlib.import_module("generated.rmsnorm.kernels")
-    tiling = DEFAULT_TILING["bwd"].model_dump()
-    for dtype in ("float16", "bfloat16", "float32"):
-        elem = kernels.ELEMENT_BYTES[dtype]
-        for channels in (1, 8, 77, 1000, 1024, 4096, 4097, 5000, 8192, 12288, 13000, 14336, 16384):
-            args = (channels, dtype, tiling["block_channels"], tiling["threads"])
-            stages = kernels.ROW_STAGES if kernels.rows_by_async_copy(*args) else 1
-            assert bwd_row_stages(tiling, channels, elem) == stages, (dtype, channels)
+    for row_stages in (2, 3):
+        tiling = {**DEFAULT_TILING["bwd"].model_dump(), "row_stages": row_stages}
+        for dtype in ("float16", "bfloat16", "float32"):
+            elem = kernels.ELEMENT_BYTES[dtype]
+            for channels in (1, 8, 77, 1000, 1024, 4096, 4097, 5000, 8192, 9000, 12288, 13000,
+                             14336, 16384):
+                args = (channels, dtype, tiling["block_channels"], tiling["threads"], row_stages)
+                assert copied_rows(tiling, channels, elem) == kernels.copied_rows(*args), \
+                    (dtype, channels, row_stages)
+    # Three where they fit, two where only two do, one off the 16-byte grid.
+    three = {**DEFAULT_TILING["bwd"].model_dump(), "row_stages": 3}
+    assert [copied_rows(three, c, 2) for c in (4096, 8192, 12288, 14336, 16384, 4097)] == \
+        [3, 3, 2, 2, 1, 1]
 
 
 def test_plan_test_cases_and_tail_case(project):
@@ -481,3 +488,27 @@ def test_fwd_spreads_every_chunk_over_all_threads(lowered):
     extents = [int(n) for n in re.findall(r"for \(int \w+ = 0; \w+ < (\d+); \+\+\w+\)", source)]
     t = DEFAULT_TILING["fwd"]
     assert 1024 not in extents and max(extents) == t.block_rows * t.block_channels // t.threads, extents
+
+
+@pytest.mark.compile
+@pytest.mark.xdist_group("rmsnorm_compile")
+def test_three_row_stages_keep_two_rows_in_flight_and_write_only_rows_that_exist(monkeypatch):
+    """row_stages = 3 (the golden rmsnorm_tuned tree at C = 8192), lowered for sm_90a: cp.async
+    groups waited down to two in flight; the loop runs the block's 32 rows whatever the row count
+    (a 3-stage pipeline needs a constant trip count), reading the last row again past the end,
+    and dx is written only for rows that exist."""
+    from opgen.compile import _load, _lower
+    from opgen.plan import CompileJob
+
+    module = _load(str(REPO_ROOT / "tests/golden/rmsnorm_tuned/kernels.py"))
+    tiling = module.BWD_TILINGS[8192]
+    assert tiling["row_stages"] == 3
+    job = CompileJob("rmsnorm_tuned_bwd", (8192, "bfloat16", "bfloat16", 1e-6, True, "atomic"),
+                     tiling, "bwd C=8192 row_stages=3")
+    monkeypatch.setenv("TILELANG_DEFAULT_TARGET", '{"kind": "cuda", "arch": "sm_90a"}')
+    source = _kernel_body(_lower(module.rmsnorm_tuned_bwd, job)[0].kernel_source)
+    assert "cp_async_wait<2>" in source and "min(32, (rows" not in source, source
+    assert "for (int s = 0; s < 30; ++s)" in source, source  # 32 rows: 2 in the prologue
+    # Row blockIdx.x * 32 + s read at min(row, rows - 1); dx written under row < rows.
+    assert "(((int64_t)rows) - (int64_t)1)" in source, source
+    assert "if (((((int)blockIdx.x) * 32) + s) < rows) {" in source, source

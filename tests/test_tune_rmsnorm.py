@@ -15,7 +15,7 @@ from opgen import tune
 from opgen.errors import SpecError
 from opgen.families import FAMILIES
 from opgen.families import rmsnorm_tune as RT
-from opgen.families.rmsnorm import RowTiling, shared_bytes
+from opgen.families.rmsnorm import PHASE_TILING, shared_bytes
 from opgen.render import generate, load_plan
 from opgen.spec import SpecSource, read_spec, validate
 
@@ -34,7 +34,8 @@ def test_tuned_table_plans_tilings_test_shapes_and_jobs_per_channel_count():
     assert plan.tuned == {
         "fwd": {1024: {"block_rows": 2, "block_channels": 512, "threads": 128}},
         "bwd": {1024: {"block_rows": 64, "block_channels": 512, "threads": 128},
-                4096: {"block_rows": 64, "block_channels": 1024, "threads": 256}},
+                4096: {"block_rows": 64, "block_channels": 1024, "threads": 256},
+                8192: {"block_rows": 32, "block_channels": 1024, "threads": 256, "row_stages": 3}},
     }
     assert plan.tiling_for("bwd", 4096)["block_rows"] == 64
     assert plan.tiling_for("fwd", 4096) == plan.kernels["fwd"].tiling
@@ -76,6 +77,7 @@ def test_each_call_takes_the_tiling_of_its_channel_count(tmp_path, monkeypatch):
         assert autograd.alloc_dw(torch.empty(rows, 4096), "split").shape == (-(-rows // 64), 4096)
         assert autograd.alloc_dw(torch.empty(rows, 1024), "split").shape == (-(-rows // 64), 1024)
         assert autograd.alloc_dw(torch.empty(rows, 77), "split").shape == (-(-rows // 16), 77)
+        assert autograd.alloc_dw(torch.empty(rows, 8192), "split").shape == (-(-rows // 32), 8192)
         assert autograd.FWD_TILINGS[1024]["block_rows"] == 2
     finally:
         for name in [m for m in sys.modules if m.startswith("rmsnorm_tuned")]:
@@ -95,6 +97,10 @@ BASE = 'name = "x"\nfamily = "rmsnorm"\n'
      "tiling.tuned.0.fwd", "over the sm_90 limit"),
     ("channels = 4096\nbwd = { block_rows = 24, block_channels = 1024, threads = 256 }",
      "tiling.tuned.0.bwd.block_rows", "power of two"),
+    ("channels = 4096\nbwd = { block_rows = 16, block_channels = 1024, threads = 256, row_stages = 4 }",
+     "tiling.tuned.0.bwd.row_stages", "must be one of 2, 3 (got 4)"),
+    ("channels = 4096\nfwd = { block_rows = 1, block_channels = 1024, threads = 128, row_stages = 3 }",
+     "tiling.tuned.0.fwd.row_stages", "unknown key"),
 ])
 def test_bad_tuned_entries(entry, field, words):
     with pytest.raises(SpecError) as info:
@@ -115,7 +121,7 @@ def test_candidates_pass_the_rules_per_bench_channel_count_current_tiling_first(
     found = tune.candidates(spec)
     assert [k for k in dict.fromkeys(c.key for c in found)] == [(4096,), (8192,), (1024,)]
     for c in found:
-        tiling = RowTiling(**c.tiling_dict)
+        tiling = PHASE_TILING[c.phase](**c.tiling_dict)
         assert not RT.TUNER.problems(spec, c.key, c.phase, c.tiling_dict)
         assert shared_bytes(c.phase, tiling.model_dump(), c.key[0], 2) <= 227 * 1024
     first = {}
@@ -124,6 +130,9 @@ def test_candidates_pass_the_rules_per_bench_channel_count_current_tiling_first(
     assert first[4096, "bwd"].tiling_dict == spec.tiling.bwd.model_dump()
     assert first[1024, "fwd"].tiling_dict == spec.tiling.fwd.model_dump()
     assert first[4096, "bwd"].label == "bwd C=4096 16x1024 threads=256"
+    # Two or three rows copied ahead: the default (2) is left out of the tiling, as in the spec.
+    assert {c.tiling_dict.get("row_stages") for c in found if c.phase == "bwd"} == {None, 3}
+    assert any(c.label.endswith(" row_stages=3") for c in found)
     # Run 110's best backward tilings are among the candidates.
     for channels, best in ((4096, (64, 1024, 256)), (8192, (32, 1024, 256)), (1024, (64, 512, 128))):
         assert any(c.key == (channels,) and c.phase == "bwd" and tuple(c.tiling_dict.values()) == best

@@ -23,9 +23,6 @@ ACCUM = "float32"
 ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 # Shared memory one block may use on sm_90.
 SHARED_MEMORY_LIMIT = 232448
-# Rows the backward keeps in flight when it copies them asynchronously (3 does not lower over a
-# symbolic row count in TileLang 0.1.15).
-ROW_STAGES = 2
 
 # Tiling per phase, from the spec's [tiling] tables.
 FWD_TILING = {"block_rows": 1, "block_channels": 1024, "threads": 128}
@@ -37,17 +34,19 @@ def padded(cols, block_channels):
     return -(-cols // block_channels) * block_channels
 
 
-def rows_by_async_copy(cols, dtype, block_channels, threads):
-    """Whether the bwd kernel copies its rows into shared memory asynchronously (cp.async, row
-    s + 1 in flight while row s is reduced), rather than loading them in its first pass: a block
-    walks its rows one at a time, and with plain loads only the current row's loads are in flight.
-    Needs every row to start on a 16-byte boundary (cp.async moves 16-byte vectors) and
-    ROW_STAGES rows of x and dy to fit beside w and the dw sums (fp32) and the two row sums'
-    workspaces."""
+def copied_rows(cols, dtype, block_channels, threads, row_stages):
+    """Rows of x and dy the bwd kernel stages in shared memory: row_stages (2 or 3), copied
+    asynchronously (cp.async) row_stages - 1 rows ahead of the row being reduced, where every row
+    starts on a 16-byte boundary (cp.async moves 16-byte vectors) and that many rows fit beside w
+    and the dw sums (fp32) and the two row sums' workspaces; else the most down to 2 that fit;
+    else 1: the row is loaded by the first pass, and only its own loads are in flight."""
     elem = ELEMENT_BYTES[dtype]
     width = padded(cols, block_channels)
-    staged = width * (ROW_STAGES * 2 * elem + 2 * 4) + 2 * 4 * threads
-    return cols * elem % 16 == 0 and staged <= SHARED_MEMORY_LIMIT
+    for stages in range(row_stages, 1, -1):
+        staged = width * (stages * 2 * elem + 2 * 4) + 2 * 4 * threads
+        if cols * elem % 16 == 0 and staged <= SHARED_MEMORY_LIMIT:
+            return stages
+    return 1
 
 
 def dw_buffer(reduction, rows, cols, block_rows):
@@ -139,12 +138,21 @@ def rmsnorm_fwd(cols, dtype, w_dtype, eps, save_rstd, block_rows, block_channels
     }
 )
 def rmsnorm_bwd(
-    cols, dtype, w_dtype, eps, save_rstd, reduction, block_rows, block_channels, threads
+    cols,
+    dtype,
+    w_dtype,
+    eps,
+    save_rstd,
+    reduction,
+    block_rows,
+    block_channels,
+    threads,
+    row_stages=2,
 ):
     """dx = rstd * (w * dy - x * rstd^2 * mean(w * dy * x)); dw: the block's fp32 sums of dy * x * rstd over its rows, one atomic add or partial per channel. Grid (ceildiv(rows, block_rows),).
 
     A block walks its rows one at a time. Each row of x and dy is staged in shared memory: copied
-    asynchronously one row ahead where `rows_by_async_copy` allows, else loaded by the first pass
+    asynchronously one or two rows ahead where `copied_rows` allows, else loaded by the first pass
     over the chunks. The first pass sums w * dy * x (and x^2 without a saved rstd); the second
     writes dx and adds dy * x * rstd to the block's fp32 dw sums, one per channel in shared
     memory, which the block adds (atomic) or stores (split) once at the end.
@@ -157,11 +165,18 @@ def rmsnorm_bwd(
     chunks = -(-cols // block_channels)
     width = padded(cols, block_channels)
     inv_cols = 1.0 / cols
-    async_rows = rows_by_async_copy(cols, dtype, block_channels, threads)
+    stages = copied_rows(cols, dtype, block_channels, threads, row_stages)
+    async_rows = stages > 1
+    # Three stages need a constant trip count (TileLang 0.1.15 does not lower a 3-stage pipeline
+    # over the symbolic one): the loop then runs block_rows rows in every block, and in the last
+    # block the rows past the end re-read the last row and write nothing.
+    whole_block = stages == 3
 
     def row_loop(extent):
-        """The loop over a block's rows: pipelined (the next row's copies issued ahead) or plain."""
-        return T.Pipelined(extent, num_stages=ROW_STAGES) if async_rows else T.serial(extent)
+        """The loop over a block's rows: pipelined (the next rows' copies issued ahead) or plain."""
+        if whole_block:
+            return T.Pipelined(block_rows, num_stages=stages)
+        return T.Pipelined(extent, num_stages=stages) if async_rows else T.serial(extent)
 
     @T.macro
     def body(X, Rstd, W, dY, dX, dW):
@@ -182,7 +197,7 @@ def rmsnorm_bwd(
             # Only the block's rows that exist: the last block may have fewer than block_rows.
             block_rows_here = T.min(block_rows, rows - bx * block_rows)
             for s in row_loop(block_rows_here):
-                r = bx * block_rows + s
+                r = T.min(bx * block_rows + s, rows - 1) if whole_block else bx * block_rows + s
                 if async_rows:
                     T.copy(X[r : r + 1, 0:cols], x_row[0:1, 0:cols])
                     T.copy(dY[r : r + 1, 0:cols], dy_row[0:1, 0:cols])
@@ -214,7 +229,11 @@ def rmsnorm_bwd(
                         rstd = Rstd[r] if save_rstd else T.rsqrt(sum_sq[0] * inv_cols + eps)
                         x = T.cast(x_row[0, c], ACCUM)
                         dy = T.cast(dy_row[0, c], ACCUM)
-                        if c < cols:
+                        if whole_block:
+                            writes = T.And(c < cols, bx * block_rows + s < rows)
+                        else:
+                            writes = c < cols
+                        if writes:
                             # d(x * rstd * w)/dx . dy, with mean(w * dy * x) = dot / C
                             dX[r, c] = T.cast(
                                 rstd * (w[c] * dy - x * (rstd * rstd * dot[0] * inv_cols)), dtype

@@ -47,6 +47,16 @@ class RowTiling(StrictModel):
     threads: Threads
 
 
+class RowBwdTiling(RowTiling):
+    """The bwd's tiles, and how many rows of x and dy it keeps in shared memory when it copies
+    them ahead: 2 (the next row in flight while one is reduced) or 3 (the next two: more bytes in
+    flight where few blocks share an SM, as at C = 8192 with one block an SM). Where the rows do
+    not fit (or are off the 16-byte grid) it keeps fewer (copied_rows)."""
+
+    # Left out of the tiling (and the spec's hash) at its default, as before the key existed.
+    row_stages: Annotated[Literal[2, 3], Field(exclude_if=lambda v: v == 2)] = 2
+
+
 # Hopper defaults for a memory-bound op, timed on an H200 at 4096x8192, 16384x4096 and
 # 65536x1024 (bf16): fwd one row a block of 128 threads in chunks of 1024 channels (8 per thread),
 # as many blocks as rows, the one tiling among the six fastest at all three shapes (82-92% of a
@@ -56,9 +66,10 @@ class RowTiling(StrictModel):
 # 65536x1024.
 DEFAULT_TILING = {
     "fwd": RowTiling(block_rows=1, block_channels=1024, threads=128),
-    "bwd": RowTiling(block_rows=16, block_channels=1024, threads=256),
+    "bwd": RowBwdTiling(block_rows=16, block_channels=1024, threads=256),
 }
 PHASES = ("fwd", "bwd")
+PHASE_TILING = {"fwd": RowTiling, "bwd": RowBwdTiling}
 
 
 class TunedRowTiling(StrictModel):
@@ -69,7 +80,7 @@ class TunedRowTiling(StrictModel):
 
     channels: PositiveInt
     fwd: RowTiling | None = None
-    bwd: RowTiling | None = None
+    bwd: RowBwdTiling | None = None
 
 
 DEFAULT_MAX_CHANNELS = 16384
@@ -116,32 +127,32 @@ def padded(channels: int, block_channels: int) -> int:
     return ceildiv(channels, block_channels) * block_channels
 
 
-# Rows of x and dy the bwd kernel keeps in flight when it copies them asynchronously.
-BWD_ROW_STAGES = 2
-
-
-def bwd_row_stages(tiling: dict[str, int], channels: int, elem: int) -> int:
-    """Rows of x and dy the bwd kernel stages in shared memory at C = channels: BWD_ROW_STAGES
-    where it copies them asynchronously (every row on a 16-byte boundary, and the stages fit),
-    else 1, loaded by its first pass. The generated kernels.py makes the same choice at run time
-    (rows_by_async_copy; a test keeps the two in step)."""
+def copied_rows(tiling: dict[str, int], channels: int, elem: int) -> int:
+    """Rows of x and dy the bwd kernel stages in shared memory at C = channels: the tiling's
+    row_stages (rows copied ahead asynchronously) where every row is on a 16-byte boundary and
+    that many fit, else the most down to 2 that fit, else 1 (the row loaded by the first pass).
+    The generated kernels.py makes the same choice at run time (copied_rows; a test keeps the
+    two in step)."""
     width = padded(channels, tiling["block_channels"])
-    staged = width * (BWD_ROW_STAGES * 2 * elem + 2 * ACCUM_BYTES) + 2 * ACCUM_BYTES * tiling["threads"]
     aligned = channels * elem % 16 == 0
-    return BWD_ROW_STAGES if aligned and staged <= SM90_SMEM_LIMIT else 1
+    for stages in range(tiling.get("row_stages", 2), 1, -1):
+        staged = width * (stages * 2 * elem + 2 * ACCUM_BYTES) + 2 * ACCUM_BYTES * tiling["threads"]
+        if aligned and staged <= SM90_SMEM_LIMIT:
+            return stages
+    return 1
 
 
 def shared_bytes(phase: str, tiling: dict[str, int], channels: int, elem: int) -> int:
     """Shared memory of one block at C = channels (TileLang places these buffers; the compile
     check reads the real figure). fwd: its block_rows rows of x in x's dtype, the fp32 rstd per
-    row, the reduction's workspace. bwd: its staged rows of x and dy (bwd_row_stages) in x's
+    row, the reduction's workspace. bwd: its staged rows of x and dy (copied_rows) in x's
     dtype, w and the block's dw sums in fp32 across the row, one workspace per row sum (x^2 and
     w * dy * x)."""
     width = padded(channels, tiling["block_channels"])
     workspace = ACCUM_BYTES * tiling["threads"]
     if phase == "fwd":
         return tiling["block_rows"] * (width * elem + ACCUM_BYTES) + workspace
-    rows = bwd_row_stages(tiling, channels, elem)
+    rows = copied_rows(tiling, channels, elem)
     return width * (rows * 2 * elem + 2 * ACCUM_BYTES) + 2 * workspace
 
 
@@ -285,8 +296,6 @@ class Plan(SavedAuxPlan):
     eps_literal: str  # eps as Python source
     max_channels: int
     save_rstd: bool  # the spec's: the public function's
-    # bwd_row_stages's rule, as the generated kernels apply it at run time.
-    bwd_row_stages: int = BWD_ROW_STAGES
     shared_memory_limit: int = SM90_SMEM_LIMIT
     element_bytes: Mapping[str, int] = field(default_factory=lambda: dict(DTYPE_BYTES))
 
@@ -398,7 +407,7 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
         weight_grads_table(p, numel * elem, channels, row_blocks, row_blocks * channels),
         bytes_moved_table(fwd_bytes, bwd_bytes, "rstd", sizes["rstd"] if p.save_rstd else 0,
                           partials),
-        kernel_column=("shared memory", smem),
+        kernel_column=("shared memory", smem), tilings=tilings,
     )
 
 

@@ -14,19 +14,20 @@ from typing import Any, Callable, Iterable
 
 from opgen import tune
 from opgen.families.contract import Tuner
-from opgen.families.rmsnorm import PHASES, RowTiling, tuned_problems
+from opgen.families.rmsnorm import PHASE_TILING, PHASES, tuned_problems
 from opgen.plan import DTYPE_BYTES, CompileJob, weight_dtype
 from opgen.tune import Candidate
 
 # The candidates of each phase: every combination, in this order, that the rules accept at the C
 # (1-64 elements of a chunk per thread, the staged rows within shared memory). A fwd block
 # normalises block_rows rows at once; a bwd block walks its block_rows rows one at a time, so
-# its rows trade dw atomics (partials) against blocks for the SMs.
+# its rows trade dw atomics (partials) against blocks for the SMs, and row_stages the rows in
+# flight against blocks an SM.
 SEARCH_SPACE = {
     "fwd": {"block_rows": (1, 2, 4), "block_channels": (512, 1024, 2048),
             "threads": (128, 256, 512)},
     "bwd": {"block_rows": (8, 16, 32, 64), "block_channels": (512, 1024, 2048),
-            "threads": (128, 256, 512)},
+            "threads": (128, 256, 512), "row_stages": (2, 3)},
 }
 
 
@@ -108,11 +109,11 @@ class RmsnormTuner(Tuner):
         return [dict(zip(keys, values)) for values in itertools.product(*keys.values())]
 
     def dump(self, phase: str, tiling: dict[str, Any]) -> dict[str, Any]:
-        return RowTiling(**tiling).model_dump()
+        return PHASE_TILING[phase](**tiling).model_dump()
 
     def problems(self, spec: Any, key: tuple, phase: str, tiling: dict[str, Any]) -> list:
         (channels,) = key
-        return tuned_problems(phase, RowTiling(**tiling), channels, element_bytes(spec))
+        return tuned_problems(phase, PHASE_TILING[phase](**tiling), channels, element_bytes(spec))
 
     def compile_job(self, spec, plan, key, phase, tiling, label) -> CompileJob:
         return compile_job(spec, plan, key, phase, tiling, label)
@@ -121,7 +122,8 @@ class RmsnormTuner(Tuner):
         return f"C={key[0]}"
 
     def describe_tiling(self, tiling: dict[str, Any]) -> str:
-        return f"{tiling['block_rows']}x{tiling['block_channels']} threads={tiling['threads']}"
+        return (f"{tiling['block_rows']}x{tiling['block_channels']} threads={tiling['threads']}"
+                + (f" row_stages={tiling['row_stages']}" if "row_stages" in tiling else ""))
 
     def time_candidates(self, spec, plan, autograd, found, report, workers, times) -> dict:
         return time_candidates(spec, plan, autograd, found, report, times)
