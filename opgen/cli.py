@@ -614,8 +614,8 @@ def tune(
     with user_errors():
         gen = generate(spec_path)
         plan, family = gen.plan, FAMILIES[gen.plan.family]
-        tunable = sorted(name for name, f in FAMILIES.items() if f.tuner is not None)
-        if family.tuner is None:
+        tunable = sorted(name for name, f in FAMILIES.items() if f.tuner_module)
+        if not family.tuner_module:
             raise OpgenError(f"{plan.source.spec_path}: family: opgen tune supports the "
                              f"{' and '.join(tunable)} families (got {echo(family.name)})")
         tuner = family.tuner()

@@ -31,8 +31,7 @@ MARKER = "# tuned by opgen tune"
 
 def tuner_of(spec: Any) -> Tuner | None:
     """The spec's family's Tuner, or None where the family has none."""
-    make = FAMILIES[spec.family].tuner
-    return make() if make is not None else None
+    return FAMILIES[spec.family].tuner()
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ def test_family_declares_the_contract(name):
         env.get_template(template)
 
 
-@pytest.mark.parametrize("name", [n for n in family_names() if FAMILIES[n].tuner is not None])
+@pytest.mark.parametrize("name", [n for n in family_names() if FAMILIES[n].tuner_module])
 def test_a_tuner_names_the_fields_and_phases_of_its_spec_s_tuned_entries(name):
     from opgen.families.contract import Tuner
 

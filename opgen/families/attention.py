@@ -910,12 +910,6 @@ def _check_shape(p: Plan, b, h, kv, s, d, causal, window, dtype) -> None:
     refuse_shape(p, dtype, problems)
 
 
-def _tuner():
-    from opgen.families.attention_tune import TUNER
-
-    return TUNER
-
-
 FAMILY = Family(
     Spec, plan, explain, SCAFFOLDS,
     description=("flash attention: MHA, GQA/MQA (dK/dV atomic, split or in_block), learnable sinks, sliding "
@@ -924,5 +918,5 @@ FAMILY = Family(
     optional_shape_keys=("kv_heads", "causal", "window", "dtype"),
     # The Hugging Face transformers hookup: register() as an attention implementation.
     extra_outputs={"hf.py": "hf.py.jinja"},
-    tuner=_tuner,
+    tuner_module="opgen.families.attention_tune",
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
@@ -38,14 +39,18 @@ class Family:
     optional_shape_keys: tuple[str, ...] = ("dtype",)
     # Output files of this family only, beside OUTPUT_TEMPLATES (file -> template in its folder).
     extra_outputs: Mapping[str, str] = field(default_factory=dict)
-    # `opgen tune` for this family: returns its Tuner (imported on use: tuners import the
-    # family module, and builds need none). None: the family has no tuned tilings.
-    tuner: Callable[[], "Tuner"] | None = None
+    # `opgen tune` for this family: the module whose TUNER is its Tuner, imported on use (a tuner
+    # imports the family module, and builds need none). None: the family has no tuned tilings.
+    tuner_module: str | None = None
 
     @property
     def name(self) -> str:
         """The spec's `family`."""
         return self.spec.family_name
+
+    def tuner(self) -> "Tuner | None":
+        """The family's Tuner, or None."""
+        return importlib.import_module(self.tuner_module).TUNER if self.tuner_module else None
 
     @property
     def required_shape_keys(self) -> tuple[str, ...]:

@@ -420,16 +420,10 @@ def _check_shape(p: Plan, rows: int, channels: int, dtype: str) -> None:
     refuse_shape(p, dtype, problems)
 
 
-def _tuner():
-    from opgen.families.rmsnorm_tune import TUNER
-
-    return TUNER
-
-
 FAMILY = Family(
     Spec, plan, explain, SCAFFOLDS,
     description=("RMSNorm x * rstd * w, w per channel: fwd (rstd saved or recomputed), bwd (dx "
                  "direct; dw atomic or split)"),
     shape_keys=("rows", "channels", "dtype"),
-    tuner=_tuner,
+    tuner_module="opgen.families.rmsnorm_tune",
 )
