@@ -698,8 +698,8 @@ def tune(
                               "candidates timed; nothing written")
         if not winners:
             raise CheckFailed("no candidate gave the reference's result; nothing written")
-        for variant, c in sorted(winners.items()):
-            out.print(f"fastest: {c.label} ({times[c]:.3f} ms)", markup=False)
+        for line in tuning.winner_lines(compiled, times, winners):
+            out.print(line, markup=False)
         comment = f"{tuning.MARKER} on {gpu}, {datetime.date.today().isoformat()}"
         text = tuning.write_tuned(source.text, tuner, tuning.merged_entries(spec, winners), comment)
         validate(family.spec, SpecSource(source.path, "", tomllib.loads(text), text))

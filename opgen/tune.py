@@ -102,6 +102,25 @@ def pick_winners(found: Iterable[Candidate], times: dict[Candidate, float | None
     return winners
 
 
+def winner_lines(found: Iterable[Candidate], times: dict[Candidate, float | None],
+                 winners: dict[tuple, Candidate]) -> list[str]:
+    """One line per winner: its time, and its speedup over the spec's current tiling (each
+    variant's first candidate) where that one was timed."""
+    current: dict[tuple, Candidate] = {}
+    for candidate in found:
+        current.setdefault(candidate.variant, candidate)
+    lines = []
+    for variant, c in sorted(winners.items()):
+        line = f"fastest: {c.label} ({times[c]:.3f} ms"
+        before = current.get(variant)
+        if before is not None and before != c and times.get(before):
+            line += f"; the spec's {times[before]:.3f} ms: {times[before] / times[c]:.2f}x"
+        elif before == c:
+            line += "; the spec's tiling already"
+        lines.append(line + ")")
+    return lines
+
+
 def timed_variants(found: Iterable[Candidate], times: dict[Candidate, float | None]) -> set[tuple]:
     """The variants every candidate of which has a result (a time or None): those a run cut off
     while timing may still pick a winner for."""

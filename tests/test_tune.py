@@ -228,6 +228,9 @@ def test_pick_winners_from_fake_timings():
              f: None}  # no working candidate: no winner, the variant keeps its tiling
     winners = tune.pick_winners([a, b, c, d, e, f], times)
     assert winners == {(64, False, "fwd"): b, (64, True, "fwd"): d}
+    assert tune.winner_lines([a, b, c, d, e, f], times, winners) == [
+        "fastest: fwd d64 full 128x64 threads=256 stages=1 (1.500 ms; the spec's 2.000 ms: 1.33x)",
+        "fastest: fwd d64 causal 128x32 threads=256 stages=1 (1.000 ms; the spec's tiling already)"]
 
 
 WINNERS = {
