@@ -293,9 +293,10 @@ def time_by_key(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
                 autograd.PLANS.clear()
                 try:
                     call, labels, references = calls[candidate.phase]
-                    wrong = [f"{label} max error {_max_error(got, want):.3g}"
-                             for label, got, want in zip(labels, call(), references)
-                             if _max_error(got, want) > tol.atol + tol.rtol * want.abs().max().item()]
+                    errors = [(label, _max_error(got, want), want.abs().max().item())
+                              for label, got, want in zip(labels, call(), references)]
+                    wrong = [f"{label} max error {error:.3g}" for label, error, largest in errors
+                             if error > tol.atol + tol.rtol * largest]
                     if wrong:
                         times[candidate] = None
                         report(candidate, None, "wrong: " + ", ".join(wrong))

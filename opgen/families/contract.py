@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from pydantic import BaseModel
 
-from opgen.plan import PlanBase, SourceInfo, Table
+from opgen.plan import PlanBase, SourceInfo, Table, tuned_tables
 from opgen.spec import DEFAULT_TOLERANCES, SpecBase, Tolerance
 
 # Output file -> template in the family's folder; "{name}" is the spec's name.
@@ -143,10 +143,10 @@ class Tuner(ABC):
 
     def entries(self, spec: Any) -> dict[tuple, dict[str, dict[str, Any]]]:
         """The spec's [[tiling.tuned]] entries: key -> {phase: tiling}."""
+        tables = tuned_tables(spec.tiling.tuned,
+                              lambda e: tuple(getattr(e, f) for f in self.key_fields), self.phases)
         found: dict[tuple, dict[str, dict[str, Any]]] = {}
-        for entry in spec.tiling.tuned:
-            key = tuple(getattr(entry, f) for f in self.key_fields)
-            for phase in self.phases:
-                if (tiling := getattr(entry, phase)) is not None:
-                    found.setdefault(key, {})[phase] = tiling.model_dump()
+        for phase, table in tables.items():
+            for key, tiling in table.items():
+                found.setdefault(key, {})[phase] = tiling
         return found
