@@ -307,10 +307,10 @@ def launch_backward(x, s, w, dy, dx, dw_out, reduction):
     launch(plan, plan.bwd(reduction)[0], x, s, w, dy, dx, dw_out)
 
 
-def launch(plan, bwd, x, s, w, dy, dx, dw_out):
-    """bwd, the plan's kernel, into dx and dw_out."""
+def launch(plan, bwd, x, s, w, dy, dx, *dw_buffers):
+    """bwd, the plan's kernel, into dx and the dw buffers its reduction takes."""
     inputs = (plan.view(x), plan.view(s)) if s is not None else (plan.view(x),)
-    bwd(*inputs, w.view(-1), plan.view(dy), plan.view(dx), dw_out)
+    bwd(*inputs, w.view(-1), plan.view(dy), plan.view(dx), *dw_buffers)
 
 
 def run_backward(x, s, w, dy, reduction, plan=None):

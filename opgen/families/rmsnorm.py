@@ -318,7 +318,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     }
     dw_notes = {
         "atomic": "the block's rows summed in fp32, one fp32 atomic add per block and channel into "
-                  "a zeroed buffer, then cast to w's dtype",
+                  "fp32 sums that the last block casts into dw and zeroes again (one launch)",
         "split": "one fp32 partial per block and channel written once, summed on the host in a "
                  "fixed order (deterministic), then cast",
     }
@@ -339,6 +339,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         save_rstd=save_rstd,
         tail_case=tail_case,
         tuned=tuned,
+        dw_in_kernel=True,
         compile_jobs=_compile_jobs(spec, kernels, tuned, tail_case, fields["test_reductions"]),
     )
 
