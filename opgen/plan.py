@@ -389,9 +389,6 @@ class SavedAuxPlan(PlanBase):
     test_reductions: tuple[ReductionKind, ...]  # dw reductions the generated tests run
     tail_case: ShapeCase  # tail blocks: strided dy, atomics, split, broken grads
     bench_cases: tuple[BytesBenchCase, ...]
-    # The atomic bwd kernel finishes dw itself (its last block casts persistent fp32 sums into
-    # dw and zeroes them): no zeroing launch before it, no cast after.
-    dw_in_kernel: bool = False
     # [[tiling.tuned]] by phase: {C: tiling} (empty for a family without the table).
     tuned: Mapping[str, Mapping[int, dict[str, int]]] = field(default_factory=dict)
 

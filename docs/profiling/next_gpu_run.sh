@@ -18,13 +18,14 @@
 #      specs/rmsnorm.toml` on the CPU machine with the written spec, `bash
 #      docs/profiling/next_gpu_run.sh tests rmsnorm rmsnorm_tuned scaled_silu` (the golden tree runs
 #      hand-written per-C tilings: their first GPU run) and `... bench rmsnorm`.
-#   2b. Branch rmsnorm-fused-dw (session 25, CPU only): the atomic backward finishes dw in its own
-#      launch (its last block casts persistent fp32 sums into dw and zeroes them; no zeroing
-#      launch, no cast): `git checkout rmsnorm-fused-dw`, `python
+#   2b. Branch rmsnorm-fused-dw (session 25, CPU only): the atomic backward of rmsnorm and
+#      scaled_silu finishes dw in its own launch (its last block casts persistent fp32 sums into
+#      dw and zeroes them; no zeroing launch, no cast): `git checkout rmsnorm-fused-dw`, `python
 #      docs/profiling/rmsnorm_fused_dw_probe.py` (correctness against main's package, a second
 #      stream, a CUDA graph; host fwd+bwd at [8, 1024] next to eager and main; the public
 #      backward at the bench shapes), `bash docs/profiling/next_gpu_run.sh tests rmsnorm
-#      rmsnorm_tuned scaled_silu`. Merge if right and the host row drops.
+#      rmsnorm_tuned scaled_silu`, `python -m generated.scaled_silu.bench_scaled_silu --overhead`
+#      (run 104: fwd+bwd 213.7 us, eager 162.0). Merge if right and the host rows drop.
 #   3. Why Python costs 2-10x more on autograd's device thread (run 108: one kernel launch in a
 #      backward adds 66 us, 5.8 on the main thread): `python docs/profiling/device_thread_probe.py`
 #      (per-call costs on the main thread, a plain thread, the device thread, and with autograd's

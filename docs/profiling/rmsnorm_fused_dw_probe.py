@@ -1,5 +1,5 @@
-"""rmsnorm's atomic backward with dw finished in its launch (branch rmsnorm-fused-dw: the last
-block casts the fp32 sums into dw and zeroes them; no zeroing launch, no cast) next to main's
+"""rmsnorm's atomic backward with dw finished in its launch (branch rmsnorm-fused-dw, scaled_silu's
+too: the last block casts the fp32 sums into dw and zeroes them; no zeroing launch, no cast) next to main's
 (zeroed fp32 buffer, atomics, cast), in one process, from the repository root on the H200:
 
     python docs/profiling/rmsnorm_fused_dw_probe.py

@@ -18,8 +18,8 @@ from . import autograd
 from .autograd import (
     DW_REDUCTION,
     MAX_CHANNELS,
-    accumulator,
     SAVE_RSTD,
+    accumulator,
     alloc_dw,
     apply_op,
     backward_op,
@@ -264,7 +264,7 @@ def test_dw_atomics_accumulate(dtype, save_rstd):
     launch_backward(x, rstd, w, dy, dx, buffer, "atomic")
     once, dx_once = buffer.clone(), dx.clone()
     launch_backward(x, rstd, w, dy, dx, buffer, "atomic")
-    sums, done = accumulator(x, x.shape[-1])
+    sums, done = accumulator(x, buffer.numel())
     assert torch.count_nonzero(sums).item() == 0 and done.item() == 0, (
         f"the fp32 dw sums or the count are not back at zero after a backward: "
         f"max |sum| {sums.abs().max().item():.3g}, count {done.item()}"

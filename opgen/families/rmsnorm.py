@@ -339,7 +339,6 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         save_rstd=save_rstd,
         tail_case=tail_case,
         tuned=tuned,
-        dw_in_kernel=True,
         compile_jobs=_compile_jobs(spec, kernels, tuned, tail_case, fields["test_reductions"]),
     )
 

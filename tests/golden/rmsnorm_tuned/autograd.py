@@ -124,16 +124,17 @@ ACCUMULATORS = {}
 MAX_ACCUMULATORS = 4096
 
 
-def accumulator(x, cols):
-    """(fp32 sums [cols], int32 count [1]) of the atomic bwd kernel on x's device's current stream."""
+def accumulator(x, size):
+    """(fp32 sums [size], int32 count [1]) of the atomic bwd kernel on x's device's current
+    stream; size: dw's elements."""
     index = x.get_device()
-    key = (index, torch._C._cuda_getCurrentStream(index)[0], cols)
+    key = (index, torch._C._cuda_getCurrentStream(index)[0], size)
     found = ACCUMULATORS.get(key)
     if found is None:
         if len(ACCUMULATORS) >= MAX_ACCUMULATORS:
             ACCUMULATORS.clear()
         found = ACCUMULATORS[key] = (
-            torch.zeros(cols, dtype=torch.float32, device=x.device),
+            torch.zeros(size, dtype=torch.float32, device=x.device),
             torch.zeros(1, dtype=torch.int32, device=x.device),
         )
     return found
@@ -322,13 +323,13 @@ def call_plan(x, w, save_rstd):
 
 
 def alloc_dw(x, reduction):
-    """The dw buffer of the reduction: for atomic, dw itself (w's dtype; the kernel adds into
-    ACCUMULATORS' sums and writes it), else fp32 split partials."""
-    if reduction == "atomic":
-        return torch.empty(x.shape[-1], dtype=weight_dtype(x), device=x.device)
+    """The dw buffer of the reduction: for atomic, dw itself, flat in w's dtype (the kernel adds
+    into ACCUMULATORS' fp32 sums and writes it); for split the fp32 partials."""
     rows, cols = matrix_dims(x)
     tiling = BWD_TILINGS.get(cols, BWD_TILING)
     shape = dw_buffer(reduction, rows, cols, tiling["block_rows"])
+    if reduction == "atomic":
+        return torch.empty(shape, dtype=weight_dtype(x), device=x.device)
     return ALLOC[reduction](shape, dtype=torch.float32, device=x.device)
 
 
@@ -336,7 +337,7 @@ def launch_backward(x, rstd, w, dy, dx, dw_out, reduction):
     """The bwd kernel into given buffers: dx (x's shape and dtype) and dw_out (from alloc_dw).
     rstd is the forward's (fp32 per row), or None to recompute it from x."""
     plan = call_plan(x, w, rstd is not None)
-    dw_buffers = (*accumulator(x, plan.matrix[1]), dw_out) if reduction == "atomic" else (dw_out,)
+    dw_buffers = (*accumulator(x, dw_out.numel()), dw_out) if reduction == "atomic" else (dw_out,)
     launch(plan, plan.bwd(reduction)[0], x, rstd, w, dy, dx, *dw_buffers)
 
 
@@ -367,7 +368,7 @@ def run_backward(x, rstd, w, dy, reduction, plan=None):
     if reduction == "atomic":
         # dw written by the bwd launch itself (ACCUMULATORS).
         dw = torch.empty_like(w)
-        launch(plan, bwd, x, rstd, w, dy, dx, *accumulator(x, plan.matrix[1]), dw)
+        launch(plan, bwd, x, rstd, w, dy, dx, *accumulator(x, w.numel()), dw)
         return dx, dw
     buffer = ALLOC[reduction](dw_shape, dtype=torch.float32, device=x.device)
     launch(plan, bwd, x, rstd, w, dy, dx, buffer)
