@@ -156,6 +156,11 @@ def shared_bytes(phase: str, tiling: dict[str, int], channels: int, elem: int) -
     return width * (rows * 2 * elem + 2 * ACCUM_BYTES) + 2 * workspace
 
 
+def widest_element(spec: Spec) -> int:
+    """Bytes of the spec's widest x dtype: the shared-memory rules hold at it."""
+    return max((DTYPE_BYTES[d] for d in spec.dtypes), default=2)
+
+
 def chunk_problems(phase: str, t: RowTiling) -> list[tuple[str, str]]:
     """(key, problem) of a phase's tiling whose chunk gives its threads too few or too many
     elements."""
@@ -175,7 +180,7 @@ def chunks_fit_threads(spec: Spec):
 
 
 def rows_fit_shared_memory(spec: Spec):
-    elem = max((DTYPE_BYTES[d] for d in spec.dtypes), default=2)
+    elem = widest_element(spec)
     limit = spec.rmsnorm.max_channels
     for phase in ("fwd", "bwd"):
         need = shared_bytes(phase, getattr(spec.tiling, phase).model_dump(), limit, elem)
@@ -207,7 +212,7 @@ def tuned_problems(phase: str, t: RowTiling, channels: int, elem: int) -> list[t
 def tuned_tilings_fit(spec: Spec):
     """[[tiling.tuned]] entries: a C the op takes, one entry per C, and tilings under the rules
     of the base tiling at that C."""
-    elem = max((DTYPE_BYTES[d] for d in spec.dtypes), default=2)
+    elem = widest_element(spec)
     seen = set()
     for i, entry in enumerate(spec.tiling.tuned):
         where = f"tiling.tuned.{i}"

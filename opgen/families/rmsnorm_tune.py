@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterable
 
 from opgen import tune
 from opgen.families.contract import Tuner
-from opgen.families.rmsnorm import PHASE_TILING, PHASES, tuned_problems
-from opgen.plan import DTYPE_BYTES, CompileJob, weight_dtype
+from opgen.families.rmsnorm import PHASE_TILING, PHASES, tuned_problems, widest_element
+from opgen.plan import CompileJob, weight_dtype
 from opgen.tune import Candidate
 
 # The candidates of each phase: every combination, in this order, that the rules accept at the C
@@ -29,11 +29,6 @@ SEARCH_SPACE = {
     "bwd": {"block_rows": (8, 16, 32, 64), "block_channels": (512, 1024, 2048),
             "threads": (128, 256, 512), "row_stages": (2, 3)},
 }
-
-
-def element_bytes(spec: Any) -> int:
-    """The widest x dtype of the spec: the rules' shared memory is checked at it."""
-    return max(DTYPE_BYTES[d] for d in spec.dtypes)
 
 
 def bench_rows(spec: Any, channels: int) -> int:
@@ -113,7 +108,7 @@ class RmsnormTuner(Tuner):
 
     def problems(self, spec: Any, key: tuple, phase: str, tiling: dict[str, Any]) -> list:
         (channels,) = key
-        return tuned_problems(phase, PHASE_TILING[phase](**tiling), channels, element_bytes(spec))
+        return tuned_problems(phase, PHASE_TILING[phase](**tiling), channels, widest_element(spec))
 
     def compile_job(self, spec, plan, key, phase, tiling, label) -> CompileJob:
         return compile_job(spec, plan, key, phase, tiling, label)
