@@ -457,15 +457,24 @@ def lowered(tmp_path_factory):
 def test_dw_atomics_one_per_block_and_channel(lowered):
     """Lowered for sm_90a (TileLang + nvcc, on the CPU): the atomic bwd kernel issues one fp32
     atomic per channel, guarded against the tail channels (the [rows, 77] test view; rows symbolic), after the loop
-    over the block's rows, not inside it."""
+    over the block's rows, not inside it; then one thread counts the block done, and the last
+    block casts the sums into dw and zeroes them and the count (atomic loads and stores)."""
     source = lowered["bwd float16 C=77 rstd=recompute dw=atomic"]
-    assert source.count("AtomicAdd") == 1, source
+    assert len(re.findall(r"AtomicAdd\(", source)) == 1, source
     # The add sits inside the guard's block: no closing brace between them.
     assert re.search(r"if \(\(\(i_\d+ \* 256\) \+ \(\(int\)threadIdx\.x\)\) < 77\) \{[^}]*AtomicAdd", source), source
     # The rows loop runs over the block's existing rows only; the add comes after it.
     r = DEFAULT_TILING["bwd"].block_rows
     rows_loop = source.index(f"for (int s = 0; s < min({r}, (rows - (((int)blockIdx.x) * {r}))); ++s)")
     assert source.index("AtomicAdd") > _block_end(source, rows_loop), source
+    added, counted = source.index("AtomicAdd("), source.index("AtomicAddRet((&(Done[0])), 1)")
+    fence = source.index("__threadfence();", added)
+    assert added < fence < counted, source
+    # The last block: the count completed by it is ceildiv(rows, 16) - 1.
+    assert re.search(r"done == \(\(\(rows \+ 15\) >> 4\) - 1\)", source), source
+    last = source.index("AtomicLoad((&(dW[")
+    assert last > counted and source.index("AtomicStore((&(dW[", last) > last, source
+    assert "dW_out[" in source[last - 200:last] and "AtomicStore((&(Done[0])), 0" in source, source
 
 
 @pytest.mark.compile
@@ -512,3 +521,19 @@ def test_three_row_stages_keep_two_rows_in_flight_and_write_only_rows_that_exist
     # Row blockIdx.x * 32 + s read at min(row, rows - 1); dx written under row < rows.
     assert "(((int64_t)rows) - (int64_t)1)" in source, source
     assert "if (((((int)blockIdx.x) * 32) + s) < rows) {" in source, source
+
+
+def test_the_atomic_backward_takes_dw_itself():
+    """The atomic bwd kernel finishes dw in its launch: the buffer a caller passes for it is dw
+    (C, w's dtype), not an fp32 sum to cast; the fp32 sums live in the package (ACCUMULATORS).
+    Split keeps its fp32 partials, one row per block of rows."""
+    import torch
+
+    autograd = importlib.import_module("generated.rmsnorm.autograd")
+    x = torch.empty(1000, 77, dtype=torch.bfloat16)
+    dw = autograd.alloc_dw(x, "atomic")
+    assert (dw.shape, dw.dtype) == ((77,), torch.bfloat16)
+    partials = autograd.alloc_dw(x, "split")
+    rows = DEFAULT_TILING["bwd"].block_rows
+    assert (partials.shape, partials.dtype) == ((-(-1000 // rows), 77), torch.float32)
+    assert autograd.ACCUMULATORS == {}

@@ -549,17 +549,25 @@ def test_full_tiles_load_and_store_vectors(lowered):
 @pytest.mark.xdist_group("scaled_silu_compile")
 def test_dw_atomics_one_per_block_or_channel(lowered):
     """The atomic bwd kernels: a scalar weight issues exactly one guarded fp32 atomic per block,
-    a channel weight one per channel of the tile, guarded against the tail channels."""
+    a channel weight one per channel of the tile, guarded against the tail channels; then one
+    thread counts the block done, and the last block casts the sums into dw and zeroes them and
+    the count."""
     # The add sits inside the guard's block: no closing brace between them.
     scalar = lowered["s", "bwd float16 sigmoid=recompute dw=atomic"]
-    assert scalar.count("AtomicAdd") == 1, scalar
+    assert len(re.findall(r"AtomicAdd\(", scalar)) == 1, scalar
     guarded = r"if \(\(\(int\)threadIdx\.x\) == 0\) \{[^}]*AtomicAdd\(\(&\(dW\[0\]\)\)"
     assert re.search(guarded, scalar), scalar
     # One add statement, each thread adding the channels it owns after the reduction; C = 77
     # with 32 x 256 tiles leaves 179 tail channels out.
     channel = lowered["c", "bwd float16 C=77 sigmoid=recompute dw=atomic"]
-    assert channel.count("AtomicAdd") == 1, channel
+    assert len(re.findall(r"AtomicAdd\(", channel)) == 1, channel
     assert re.search(r"if \(\(\(int\)threadIdx\.x\) < 77\) \{[^}]*AtomicAdd", channel), channel
+    for source in (scalar, channel):
+        added, counted = source.index("AtomicAdd("), source.index("AtomicAddRet((&(Done[0])), 1)")
+        assert added < source.index("__threadfence();", added) < counted, source
+        last = source.index("AtomicLoad((&(dW[")
+        assert last > counted and "dW_out[" in source[last - 200:last], source
+        assert "AtomicStore((&(dW[" in source[last:] and "AtomicStore((&(Done[0])), 0" in source, source
 
 
 @pytest.mark.compile

@@ -109,6 +109,32 @@ ALLOC = {
     "split": torch.empty,
 }
 
+
+# The atomic bwd kernel's fp32 dw sums and its count of finished blocks, per (device, stream, C):
+# zeroed once here, and left at zero by every launch, whose last block casts the sums into dw and
+# zeroes them again (dw in one launch: no zeroing launch before it, no cast after). One set per
+# stream: launches on one stream run one after another, and two streams never share one. Bounded
+# like the plans; a dropped set is freed in stream order, after the launches that use it.
+ACCUMULATORS = {}
+MAX_ACCUMULATORS = 4096
+
+
+def accumulator(x, size):
+    """(fp32 sums [size], int32 count [1]) of the atomic bwd kernel on x's device's current
+    stream; size: dw's elements."""
+    index = x.get_device()
+    key = (index, torch._C._cuda_getCurrentStream(index)[0], size)
+    found = ACCUMULATORS.get(key)
+    if found is None:
+        if len(ACCUMULATORS) >= MAX_ACCUMULATORS:
+            ACCUMULATORS.clear()
+        found = ACCUMULATORS[key] = (
+            torch.zeros(size, dtype=torch.float32, device=x.device),
+            torch.zeros(1, dtype=torch.int32, device=x.device),
+        )
+    return found
+
+
 # Every tensor the kernels read must start on a 16-byte boundary: 16-byte vector loads (and TMA)
 # assume it, and a contiguous view at an odd storage offset does not give it.
 ALIGNMENT = 16
@@ -292,10 +318,13 @@ def call_plan(x, w, save_rstd):
 
 
 def alloc_dw(x, reduction):
-    """The fp32 dw buffer of the reduction (ALLOC: zeroed for atomic adds)."""
+    """The dw buffer of the reduction: for atomic, dw itself, flat in w's dtype (the kernel adds
+    into ACCUMULATORS' fp32 sums and writes it); for split the fp32 partials."""
     rows, cols = matrix_dims(x)
     tiling = BWD_TILING
     shape = dw_buffer(reduction, rows, cols, tiling["block_rows"])
+    if reduction == "atomic":
+        return torch.empty(shape, dtype=weight_dtype(x), device=x.device)
     return ALLOC[reduction](shape, dtype=torch.float32, device=x.device)
 
 
@@ -303,15 +332,16 @@ def launch_backward(x, rstd, w, dy, dx, dw_out, reduction):
     """The bwd kernel into given buffers: dx (x's shape and dtype) and dw_out (from alloc_dw).
     rstd is the forward's (fp32 per row), or None to recompute it from x."""
     plan = call_plan(x, w, rstd is not None)
-    launch(plan, plan.bwd(reduction)[0], x, rstd, w, dy, dx, dw_out)
+    dw_buffers = (*accumulator(x, dw_out.numel()), dw_out) if reduction == "atomic" else (dw_out,)
+    launch(plan, plan.bwd(reduction)[0], x, rstd, w, dy, dx, *dw_buffers)
 
 
-def launch(plan, bwd, x, rstd, w, dy, dx, dw_out):
-    """bwd, the plan's kernel, into dx and dw_out."""
+def launch(plan, bwd, x, rstd, w, dy, dx, *dw_buffers):
+    """bwd, the plan's kernel, into dx and the dw buffers its reduction takes."""
     if rstd is None:
-        bwd(plan.view(x), w, plan.view(dy), plan.view(dx), dw_out)
+        bwd(plan.view(x), w, plan.view(dy), plan.view(dx), *dw_buffers)
     else:
-        bwd(plan.view(x), rstd, w, plan.view(dy), plan.view(dx), dw_out)
+        bwd(plan.view(x), rstd, w, plan.view(dy), plan.view(dx), *dw_buffers)
 
 
 def run_backward(x, rstd, w, dy, reduction, plan=None):
@@ -330,6 +360,11 @@ def run_backward(x, rstd, w, dy, reduction, plan=None):
         plan = call_plan(x, w, rstd is not None)
     bwd, dw_shape = plan.bwd(reduction)
     dx = torch.empty_like(x)
+    if reduction == "atomic":
+        # dw written by the bwd launch itself (ACCUMULATORS).
+        dw = torch.empty_like(w)
+        launch(plan, bwd, x, rstd, w, dy, dx, *accumulator(x, w.numel()), dw)
+        return dx, dw
     buffer = ALLOC[reduction](dw_shape, dtype=torch.float32, device=x.device)
     launch(plan, bwd, x, rstd, w, dy, dx, buffer)
     # split: the per-block partials summed in a fixed order (deterministic).

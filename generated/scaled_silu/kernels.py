@@ -53,7 +53,8 @@ def dw_buffer(weight, reduction, rows, cols, block_rows, block_cols):
     """Shape of the fp32 dw buffer the bwd kernel writes for a [rows, cols] view (its dtype is
     always float32).
 
-    atomic: dw itself, [1] or [cols], zeroed first; each block adds its sum once per address.
+    atomic: the fp32 sums, [1] or [cols], zero on entry and on exit: each block adds its sum once
+    per address, and the last block casts them into dw and zeroes them.
     split: one partial per block, written once: [column blocks] for a scalar weight, [row blocks,
     cols] for a channel weight; `.sum(0)` of it, a fixed-order reduction, is dw (deterministic).
     """
@@ -191,8 +192,10 @@ def scaled_silu_bwd(
     """dx = dy * w * s * (1 + x * (1 - s)), s = sigmoid(x); dw: the block's fp32 sum of dy * silu(x), one atomic add or partial per block. Grid (ceildiv(cols, block_cols),).
 
     channels: C with a channel weight, None with a scalar weight; dims: the symbol's dtype (see _view).
-    No out_idx: dX (written once per element) and dW (the fp32 buffer of `dw_buffer`: zeroed for
-    atomic) are passed in. S = sigmoid(x) (fp32) is an input with save_sigmoid, else recomputed.
+    No out_idx: dX (written once per element) and dW (the fp32 buffer of `dw_buffer`) are passed
+    in; for atomic also Done (the int32 count of finished blocks, zero on entry and on exit) and
+    dW_out (dw in w's dtype, flat, written by the last block). S = sigmoid(x) (fp32) is an input
+    with save_sigmoid, else recomputed.
     """
     _check_tile(weight, block_rows)
     rows, cols = _view(weight, channels, dims)
@@ -213,9 +216,34 @@ def scaled_silu_bwd(
         dX[r, c] = T.cast(dy * w * (s + silu * (1.0 - s)), dtype)
         terms[i, j] = dy * silu
 
+    blocks = _grid(weight, rows, cols, block_rows, block_cols)
+    dw_size = _weight_shape(weight, cols)[0]
+
     @T.macro
-    def body(X, S, W, dY, dX, dW):
-        with T.Kernel(_grid(weight, rows, cols, block_rows, block_cols), threads=threads) as b:
+    def finish(dW, Done, dW_out):
+        # The last block to finish casts the fp32 sums into dw and leaves the sums and the count
+        # at zero for the next call: dw in this one launch, no zeroing launch before it and no
+        # cast after. Each thread's adds are made visible device-wide before the block counts
+        # itself done; the count is read back by the one block that completes it.
+        last = T.alloc_shared([1], "int32")
+        T.call_extern("handle", "__threadfence")
+        T.sync_threads()
+        if T.get_thread_binding() == 0:
+            done = T.atomic_add(Done[0], 1, return_prev=True)
+            last[0] = T.if_then_else(T.cast(done, blocks.dtype) == blocks - 1, 1, 0)
+        T.sync_threads()
+        if last[0] == 1:
+            T.call_extern("handle", "__threadfence")
+            for j in T.Parallel(dw_size):
+                # Atomic (L2) reads and writes: no block's L1 holds these sums.
+                dW_out[j] = T.cast(T.atomic_load(dW[j], memory_order="relaxed"), w_dtype)
+                T.atomic_store(dW[j], T.cast(0, ACCUM), memory_order="relaxed")
+            if T.get_thread_binding() == 0:
+                T.atomic_store(Done[0], 0)
+
+    @T.macro
+    def body(X, S, W, dY, dX, dW, Done, dW_out):
+        with T.Kernel(blocks, threads=threads) as b:
             bx, by = _tile(weight, b, cols, block_cols)
             terms = T.alloc_fragment([block_rows, block_cols], ACCUM)
             block_sum = T.alloc_fragment([sums], ACCUM)
@@ -273,31 +301,67 @@ def scaled_silu_bwd(
                             T.atomic_add(dW[bx * block_cols + j], block_sum_shared[j])
                         else:
                             dW[by, bx * block_cols + j] = block_sum_shared[j]
+            if reduction == "atomic":
+                finish(dW, Done, dW_out)
 
     dw_shape = _dw_param_shape(weight, reduction, cols)
+    w_shape = _weight_shape(weight, cols)
+    # atomic: the fp32 sums (zero on entry and on exit), the count of blocks done (likewise) and dw.
+    if reduction == "atomic":
+        if save_sigmoid:
+
+            @T.prim_func
+            def bwd(
+                X: T.Tensor(shape, dtype),
+                S: T.Tensor(shape, ACCUM),
+                W: T.Tensor(w_shape, w_dtype),
+                dY: T.Tensor(shape, dtype),
+                dX: T.Tensor(shape, dtype),
+                dW: T.Tensor(dw_shape, ACCUM),
+                Done: T.Tensor([1], "int32"),
+                dW_out: T.Tensor(w_shape, w_dtype),
+            ):
+                body(X, S, W, dY, dX, dW, Done, dW_out)
+
+        else:
+
+            @T.prim_func
+            def bwd(
+                X: T.Tensor(shape, dtype),
+                W: T.Tensor(w_shape, w_dtype),
+                dY: T.Tensor(shape, dtype),
+                dX: T.Tensor(shape, dtype),
+                dW: T.Tensor(dw_shape, ACCUM),
+                Done: T.Tensor([1], "int32"),
+                dW_out: T.Tensor(w_shape, w_dtype),
+            ):
+                body(X, None, W, dY, dX, dW, Done, dW_out)
+
+        return bwd
+
     if save_sigmoid:
 
         @T.prim_func
         def bwd(
             X: T.Tensor(shape, dtype),
             S: T.Tensor(shape, ACCUM),
-            W: T.Tensor(_weight_shape(weight, cols), w_dtype),
+            W: T.Tensor(w_shape, w_dtype),
             dY: T.Tensor(shape, dtype),
             dX: T.Tensor(shape, dtype),
             dW: T.Tensor(dw_shape, ACCUM),
         ):
-            body(X, S, W, dY, dX, dW)
+            body(X, S, W, dY, dX, dW, None, None)
 
     else:
 
         @T.prim_func
         def bwd(
             X: T.Tensor(shape, dtype),
-            W: T.Tensor(_weight_shape(weight, cols), w_dtype),
+            W: T.Tensor(w_shape, w_dtype),
             dY: T.Tensor(shape, dtype),
             dX: T.Tensor(shape, dtype),
             dW: T.Tensor(dw_shape, ACCUM),
         ):
-            body(X, None, W, dY, dX, dW)
+            body(X, None, W, dY, dX, dW, None, None)
 
     return bwd

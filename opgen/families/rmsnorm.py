@@ -323,7 +323,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     }
     dw_notes = {
         "atomic": "the block's rows summed in fp32, one fp32 atomic add per block and channel into "
-                  "a zeroed buffer, then cast to w's dtype",
+                  "fp32 sums that the last block casts into dw and zeroes again (one launch)",
         "split": "one fp32 partial per block and channel written once, summed on the host in a "
                  "fixed order (deterministic), then cast",
     }

@@ -213,8 +213,8 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     }
     per_block = "per block and channel" if weight == "channel" else "per block"
     dw_notes = {
-        "atomic": f"in-block fp32 reduction, one fp32 atomic add {per_block} into a zeroed buffer, "
-                  "then cast to w's dtype",
+        "atomic": f"in-block fp32 reduction, one fp32 atomic add {per_block} into fp32 sums that "
+                  "the last block casts into dw and zeroes again (one launch)",
         "split": f"one fp32 partial {per_block} written once, summed on the host in a fixed order "
                  "(deterministic), then cast",
     }

@@ -61,7 +61,8 @@ def copied_rows(cols, dtype, block_channels, threads, row_stages):
 def dw_buffer(reduction, rows, cols, block_rows):
     """Shape of the fp32 dw buffer the bwd kernel writes (its dtype is always float32).
 
-    atomic: dw itself, [cols], zeroed first; each block adds its sum once per channel.
+    atomic: the fp32 sums, [cols], zero on entry and on exit: each block adds its sum once per
+    channel, and the last block casts them into dw and zeroes them.
     split: one partial per block, written once: [row blocks, cols]; `.sum(0)` of it, a fixed-order
     reduction, is dw (deterministic).
     """
@@ -166,8 +167,10 @@ def rmsnorm_tuned_bwd(
     writes dx and adds dy * x * rstd to the block's fp32 dw sums, one per channel in shared
     memory, which the block adds (atomic) or stores (split) once at the end.
 
-    No out_idx: dX (written once per element) and dW (the fp32 buffer of `dw_buffer`: zeroed for
-    atomic) are passed in. Rstd (fp32 per row) is an input with save_rstd, else recomputed.
+    No out_idx: dX (written once per element) and dW (the fp32 buffer of `dw_buffer`) are passed
+    in; for atomic also Done (the int32 count of finished blocks, zero on entry and on exit) and
+    dW_out (dw in w's dtype, written by the last block). Rstd (fp32 per row) is an input with
+    save_rstd, else recomputed.
     """
     rows = T.dynamic("rows")
     shape = [rows, cols]
@@ -188,7 +191,32 @@ def rmsnorm_tuned_bwd(
         return T.Pipelined(extent, num_stages=stages) if async_rows else T.serial(extent)
 
     @T.macro
-    def body(X, Rstd, W, dY, dX, dW):
+    def finish(dW, Done, dW_out, bx):
+        # The last block to finish casts the fp32 sums into dw and leaves the sums and the count
+        # at zero for the next call: dw in this one launch, no zeroing launch before it and no
+        # cast after. Each thread's adds are made visible device-wide before the block counts
+        # itself done; the count is read back by the one block that completes it.
+        last = T.alloc_shared([1], "int32")
+        T.call_extern("handle", "__threadfence")
+        T.sync_threads()
+        if T.get_thread_binding() == 0:
+            done = T.atomic_add(Done[0], 1, return_prev=True)
+            last[0] = T.if_then_else(done == T.ceildiv(rows, block_rows) - 1, 1, 0)
+        T.sync_threads()
+        if last[0] == 1:
+            T.call_extern("handle", "__threadfence")
+            for k in T.serial(chunks):
+                for j in T.Parallel(block_channels):
+                    c = k * block_channels + j
+                    if c < cols:
+                        # Atomic (L2) reads and writes: no block's L1 holds these sums.
+                        dW_out[c] = T.cast(T.atomic_load(dW[c], memory_order="relaxed"), w_dtype)
+                        T.atomic_store(dW[c], T.cast(0, ACCUM), memory_order="relaxed")
+            if T.get_thread_binding() == 0:
+                T.atomic_store(Done[0], 0)
+
+    @T.macro
+    def body(X, Rstd, W, dY, dX, dW, Done, dW_out):
         with T.Kernel(T.ceildiv(rows, block_rows), threads=threads) as bx:
             x_row = T.alloc_shared([1, width], dtype)
             dy_row = T.alloc_shared([1, width], dtype)
@@ -257,10 +285,45 @@ def rmsnorm_tuned_bwd(
                             T.atomic_add(dW[c], dw_sums[c])
                         else:
                             dW[bx, c] = dw_sums[c]
+            if reduction == "atomic":
+                finish(dW, Done, dW_out, bx)
 
     # split: one partial per row block; their count, ceildiv(rows, block_rows), is its own symbol
-    # (TVM binds symbols from plain dims only).
-    dw_shape = [cols] if reduction == "atomic" else [T.dynamic("row_blocks"), cols]
+    # (TVM binds symbols from plain dims only). atomic: the fp32 sums (zero on entry and on exit),
+    # the count of blocks done (likewise) and dw.
+    if reduction == "atomic":
+        if save_rstd:
+
+            @T.prim_func
+            def bwd(
+                X: T.Tensor(shape, dtype),
+                Rstd: T.Tensor([rows], ACCUM),
+                W: T.Tensor([cols], w_dtype),
+                dY: T.Tensor(shape, dtype),
+                dX: T.Tensor(shape, dtype),
+                dW: T.Tensor([cols], ACCUM),
+                Done: T.Tensor([1], "int32"),
+                dW_out: T.Tensor([cols], w_dtype),
+            ):
+                body(X, Rstd, W, dY, dX, dW, Done, dW_out)
+
+        else:
+
+            @T.prim_func
+            def bwd(
+                X: T.Tensor(shape, dtype),
+                W: T.Tensor([cols], w_dtype),
+                dY: T.Tensor(shape, dtype),
+                dX: T.Tensor(shape, dtype),
+                dW: T.Tensor([cols], ACCUM),
+                Done: T.Tensor([1], "int32"),
+                dW_out: T.Tensor([cols], w_dtype),
+            ):
+                body(X, None, W, dY, dX, dW, Done, dW_out)
+
+        return bwd
+
+    dw_shape = [T.dynamic("row_blocks"), cols]
     if save_rstd:
 
         @T.prim_func
@@ -272,7 +335,7 @@ def rmsnorm_tuned_bwd(
             dX: T.Tensor(shape, dtype),
             dW: T.Tensor(dw_shape, ACCUM),
         ):
-            body(X, Rstd, W, dY, dX, dW)
+            body(X, Rstd, W, dY, dX, dW, None, None)
 
     else:
 
@@ -284,6 +347,6 @@ def rmsnorm_tuned_bwd(
             dX: T.Tensor(shape, dtype),
             dW: T.Tensor(dw_shape, ACCUM),
         ):
-            body(X, None, W, dY, dX, dW)
+            body(X, None, W, dY, dX, dW, None, None)
 
     return bwd
