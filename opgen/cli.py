@@ -598,6 +598,10 @@ def tune(
     channels: Optional[str] = typer.Option(None, "--channels", help="rmsnorm: tune only these of "
                                            "the bench shapes' channel counts (comma-separated); "
                                            "the others keep their entries."),
+    min_speedup: float = typer.Option(1.03, "--min-speedup", min=1.0, help="Write a variant's "
+                                      "fastest only where it beats the spec's current tiling by "
+                                      "this factor (interleaved rounds on one H200 differ by "
+                                      "1-3 percent: a smaller gain is noise)."),
 ) -> None:
     """Time the fwd/bwd tilings the spec's rules accept per variant (attention: per (head_dim,
     causal); rmsnorm: per bench channel count) on this GPU and write the fastest into the spec's
@@ -692,13 +696,14 @@ def tune(
             # Ctrl-C or a time limit while timing: the variants timed in full keep their winners.
             cut_off = True
         complete = tuning.timed_variants(compiled, times)
-        winners = tuning.pick_winners([c for c in compiled if c.variant in complete], times)
-        if cut_off and not winners:
+        timed = [c for c in compiled if c.variant in complete]
+        winners = tuning.pick_winners(timed, times, min_speedup)
+        if cut_off and not complete:
             raise Interrupted("interrupted while timing, before any variant had all its "
                               "candidates timed; nothing written")
-        if not winners:
+        if not tuning.pick_winners(timed, times):
             raise CheckFailed("no candidate gave the reference's result; nothing written")
-        for line in tuning.winner_lines(compiled, times, winners):
+        for line in tuning.winner_lines(timed, times, min_speedup):
             out.print(line, markup=False)
         comment = f"{tuning.MARKER} on {gpu}, {datetime.date.today().isoformat()}"
         text = tuning.write_tuned(source.text, tuner, tuning.merged_entries(spec, winners), comment)

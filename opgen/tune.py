@@ -87,10 +87,21 @@ def compile_job(spec: Any, plan: Any, candidate: Candidate) -> CompileJob:
                                       candidate.tiling_dict, candidate.label)
 
 
-def pick_winners(found: Iterable[Candidate], times: dict[Candidate, float | None]
-                 ) -> dict[tuple, Candidate]:
+def current_tilings(found: Iterable[Candidate]) -> dict[tuple, Candidate]:
+    """Each variant's first candidate: the spec's current tiling for it."""
+    current: dict[tuple, Candidate] = {}
+    for candidate in found:
+        current.setdefault(candidate.variant, candidate)
+    return current
+
+
+def pick_winners(found: Iterable[Candidate], times: dict[Candidate, float | None],
+                 min_speedup: float = 1.0) -> dict[tuple, Candidate]:
     """The fastest candidate per variant (key and phase). A candidate without a time (it failed
-    to compile, gave a wrong result, or was not run) cannot win; on a tie the earlier one wins."""
+    to compile, gave a wrong result, or was not run) cannot win; on a tie the earlier one wins.
+    A fastest that beats the spec's current tiling by less than min_speedup is timing noise, not
+    a reason to change the spec: that variant has no winner and keeps what it had."""
+    found = list(found)
     winners: dict[tuple, Candidate] = {}
     for candidate in found:
         ms = times.get(candidate)
@@ -99,24 +110,35 @@ def pick_winners(found: Iterable[Candidate], times: dict[Candidate, float | None
         best = winners.get(candidate.variant)
         if best is None or ms < times[best]:
             winners[candidate.variant] = candidate
-    return winners
+    current = current_tilings(found)
+    return {variant: c for variant, c in winners.items()
+            if speedup(times, current[variant], c) is None
+            or speedup(times, current[variant], c) >= min_speedup}
+
+
+def speedup(times: dict[Candidate, float | None], before: Candidate, after: Candidate
+            ) -> float | None:
+    """How many times faster `after` ran than `before`; None when `before` has no time."""
+    return times[before] / times[after] if times.get(before) else None
 
 
 def winner_lines(found: Iterable[Candidate], times: dict[Candidate, float | None],
-                 winners: dict[tuple, Candidate]) -> list[str]:
-    """One line per winner: its time, and its speedup over the spec's current tiling (each
-    variant's first candidate) where that one was timed."""
-    current: dict[tuple, Candidate] = {}
-    for candidate in found:
-        current.setdefault(candidate.variant, candidate)
+                 min_speedup: float = 1.0) -> list[str]:
+    """One line per variant with a time: its fastest, and its speedup over the spec's current
+    tiling where that one was timed; a fastest under min_speedup is said to be kept out."""
+    found = list(found)
+    current = current_tilings(found)
     lines = []
-    for variant, c in sorted(winners.items()):
+    for variant, c in sorted(pick_winners(found, times).items()):
         line = f"fastest: {c.label} ({times[c]:.3f} ms"
-        before = current.get(variant)
-        if before is not None and before != c and times.get(before):
-            line += f"; the spec's {times[before]:.3f} ms: {times[before] / times[c]:.2f}x"
-        elif before == c:
+        before = current[variant]
+        gain = speedup(times, before, c)
+        if before == c:
             line += "; the spec's tiling already"
+        elif gain is not None:
+            line += f"; the spec's {times[before]:.3f} ms: {gain:.2f}x"
+            if gain < min_speedup:
+                line += f", under --min-speedup {min_speedup:g}: the spec keeps its tiling"
         lines.append(line + ")")
     return lines
 

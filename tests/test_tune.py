@@ -228,9 +228,27 @@ def test_pick_winners_from_fake_timings():
              f: None}  # no working candidate: no winner, the variant keeps its tiling
     winners = tune.pick_winners([a, b, c, d, e, f], times)
     assert winners == {(64, False, "fwd"): b, (64, True, "fwd"): d}
-    assert tune.winner_lines([a, b, c, d, e, f], times, winners) == [
+    assert tune.winner_lines([a, b, c, d, e, f], times) == [
         "fastest: fwd d64 full 128x64 threads=256 stages=1 (1.500 ms; the spec's 2.000 ms: 1.33x)",
         "fastest: fwd d64 causal 128x32 threads=256 stages=1 (1.000 ms; the spec's tiling already)"]
+
+
+def test_a_gain_under_min_speedup_keeps_the_spec_tiling():
+    """A fastest that beats the spec's current tiling by less than --min-speedup is noise: the
+    variant gets no winner (its entry stays as it was), and the line says why."""
+    def cand(dim, block_n):
+        return tune.as_candidate(AT.TUNER, (dim, False), "fwd", {"block_m": 128, "block_n": block_n,
+                                                       "threads": 256, "num_stages": 1})
+
+    a, b = cand(64, 64), cand(64, 128)  # a is the spec's current tiling (first)
+    c, d = cand(128, 64), cand(128, 128)
+    times = {a: 1.00, b: 0.98, c: 1.00, d: 0.90}
+    assert tune.pick_winners([a, b, c, d], times) == {(64, False, "fwd"): b, (128, False, "fwd"): d}
+    assert tune.pick_winners([a, b, c, d], times, 1.03) == {(128, False, "fwd"): d}
+    assert tune.winner_lines([a, b, c, d], times, 1.03) == [
+        "fastest: fwd d64 full 128x128 threads=256 stages=1 (0.980 ms; the spec's 1.000 ms: 1.02x, "
+        "under --min-speedup 1.03: the spec keeps its tiling)",
+        "fastest: fwd d128 full 128x128 threads=256 stages=1 (0.900 ms; the spec's 1.000 ms: 1.11x)"]
 
 
 WINNERS = {

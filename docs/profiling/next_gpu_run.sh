@@ -3,38 +3,15 @@
 # start takes 1-3 of the session's 30 minutes; it is given back 30 s after a call ends, so have
 # the next call ready; carry .gpu, built with `../shared/tools/gpu-bundle
 # flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof, from `bash next_gpu_run.sh prep`).
-# Sessions 24 and 25 had no GPU (none lent); their list, in this order:
-#   1. The overlapped backward without ptxas's injected wait (session 24, CPU: clear_accum;
-#      docs/profiling/ptxas_check.py): is dQ right now, and how fast? Branch bwd-overlap has it
-#      in the template as the bwd tiling key `overlap` (`opgen tune` tries it; the shipped
-#      kernels' CUDA unchanged): `git checkout bwd-overlap`, then `VARIANTS="overlap,
-#      overlap@128x64s2,overlap@128x64s1" timeout 500 python docs/profiling/bwd_variants_probe.py`
-#      and `bash docs/profiling/next_gpu_run.sh tests attention_tuned` (its D128 causal bwd is
-#      overlapped). If right and faster: merge, `TUNE_ARGS="--phases bwd" bash
-#      docs/profiling/next_gpu_run.sh tune attention gqa attention_sink`, tests, bench.
-#   2. rmsnorm's tilings per channel count (session 25, CPU: `opgen tune` for rmsnorm): `bash
-#      docs/profiling/next_gpu_run.sh tune rmsnorm` (189 candidates at C = 4096, 8192, 1024; run
-#      110's kernels-alone best were up to 20% over the spec's one tiling), then `opgen build
-#      specs/rmsnorm.toml` on the CPU machine with the written spec, `bash
-#      docs/profiling/next_gpu_run.sh tests rmsnorm rmsnorm_tuned scaled_silu` (the golden tree runs
-#      hand-written per-C tilings: their first GPU run) and `... bench rmsnorm`.
-#   2b. Branch rmsnorm-fused-dw (session 25, CPU only): the atomic backward of rmsnorm and
-#      scaled_silu finishes dw in its own launch (its last block casts persistent fp32 sums into
-#      dw and zeroes them; no zeroing launch, no cast): `git checkout rmsnorm-fused-dw`, `python
-#      docs/profiling/rmsnorm_fused_dw_probe.py` (correctness against main's package, a second
-#      stream, a CUDA graph; host fwd+bwd at [8, 1024] next to eager and main; the public
-#      backward at the bench shapes), `bash docs/profiling/next_gpu_run.sh tests rmsnorm
-#      rmsnorm_tuned scaled_silu`, `python -m generated.scaled_silu.bench_scaled_silu --overhead`
-#      (run 104: fwd+bwd 213.7 us, eager 162.0). Merge if right and the host rows drop.
-#   3. Why Python costs 2-10x more on autograd's device thread (run 108: one kernel launch in a
-#      backward adds 66 us, 5.8 on the main thread): `python docs/profiling/device_thread_probe.py`
-#      (per-call costs on the main thread, a plain thread, the device thread, and with autograd's
-#      multithreading off; the Python threads alive).
-#   4. The D64 causal forward next to cuDNN's (0.80x, the weakest forward): `DIM=64 SDPA=cudnn
-#      bash docs/profiling/next_gpu_run.sh ncu attention causal` (and without SDPA=cudnn).
-#   5. Every attention-family test after session 24's template edit (a docstring only; the
-#      kernels' CUDA is unchanged): `bash docs/profiling/next_gpu_run.sh tests attention gqa
-#      attention_sink attention_recompute attention_tuned`.
+# Session 26 ran sessions 24-25's list (runs 113-119). Left for the next, in this order:
+#   1. rmsnorm tuned again on the fused-dw backward (run 114 tuned main's, before the merge; run
+#      117: C=4096's pick gains nothing through the fused one): `TUNE_ARGS="--phases bwd" bash
+#      docs/profiling/next_gpu_run.sh tune rmsnorm`, then `opgen build specs/rmsnorm.toml` on the
+#      CPU machine, `... tests rmsnorm rmsnorm_tuned scaled_silu`, `... bench rmsnorm`.
+#   2. Host rows with the bench's interleaved rounds (session 26): `for p in rmsnorm scaled_silu
+#      swiglu matmul attention; do python -m generated.$p.bench_$p --overhead; done`.
+#   3. cuDNN's D64 causal kernels in ncu next to opgen's (run 116 filtered them out):
+#      `DIM=64 SDPA=cudnn NCU_KERNELS=cudnn bash docs/profiling/next_gpu_run.sh ncu attention causal`.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
