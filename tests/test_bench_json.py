@@ -200,3 +200,40 @@ def test_generated_bench_imports_neither_opgen_nor_matplotlib():
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_host_rows_take_turns_and_keep_each_best(monkeypatch, tmp_path, capsys):
+    """--overhead times the implementations in turn, round after round, and keeps each one's best
+    (fwd, eval fwd and fwd+bwd apart): a host whose speed drifts over the run slows every row alike.
+    An implementation that raises is reported once and not timed again. Made-up times, no GPU."""
+    bench = bench_of("rmsnorm")
+    order, rounds = [], {"a": iter([(30, 20, 200), (25, 22, 150), (28, 19, 180)]),
+                         "b": iter([(10, 8, 100), (12, 7, 90), (11, 9, 95)])}
+
+    def broken(*inputs):
+        raise RuntimeError("no such backend here\nmore")
+
+    def host_round(fn, inputs, grad):
+        order.append(fn.__name__)
+        if fn is broken:
+            fn()
+        return next(rounds[fn.__name__])
+
+    def a(*inputs): ...
+
+    def b(*inputs): ...
+
+    fns = {"opgen": a, "eager": b, "compiled": broken, "missing": "n/a: not installed"}
+    monkeypatch.setattr(bench, "tiny_case", lambda: (fns, (), None))
+    monkeypatch.setattr(bench, "host_round", host_round)
+    records = bench.Records(str(tmp_path / "rows.json"))
+    bench.host_overhead(records, rounds=3)
+    assert order == ["a", "b", "broken", "a", "b", "a", "b"]
+    rows = {r["implementation"]: r for r in json.loads((tmp_path / "rows.json").read_text())["rows"]}
+    assert (rows["opgen"]["fwd_us"], rows["opgen"]["eval_fwd_us"], rows["opgen"]["fwd_bwd_us"]) == (25, 19, 150)
+    assert (rows["eager"]["fwd_us"], rows["eager"]["eval_fwd_us"], rows["eager"]["fwd_bwd_us"]) == (10, 7, 90)
+    assert rows["compiled"]["error"] == "no such backend here"
+    assert rows["missing"]["error"] == "not installed"
+    out = capsys.readouterr().out
+    assert "best of 3 rounds taken in turn" in out
+    assert "| opgen | 25.0 | 19.0 | 150.0 |" in out and "| compiled | n/a: no such backend here | | |" in out

@@ -172,44 +172,57 @@ def tiny_case():
 
 
 def host_us(fn, calls=300):
-    """Host time per call in us: back-to-back calls at a tiny shape, the best of 3 rounds."""
+    """Host time per call in us: back-to-back calls at a tiny shape, one round."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
 
 
-def host_overhead(records):
+def host_round(fn, inputs, grad):
+    """One round of an implementation's three host times: fwd, eval fwd, fwd+bwd."""
+    fwd = host_us(lambda: fn(*inputs))
+    with torch.no_grad():
+        evaluated = host_us(lambda: fn(*inputs))
+    both = host_us(lambda: torch.autograd.grad(fn(*inputs), inputs, grad))
+    return fwd, evaluated, both
+
+
+def host_overhead(records, rounds=5):
     """Each implementation's host time per call at a tiny shape: what a model pays per layer when
     the kernels are short. fwd: inputs that need gradients (training); eval fwd: the same call
-    under torch.no_grad (evaluation, inference)."""
+    under torch.no_grad (evaluation, inference). The implementations take turns, round after
+    round, and each keeps its best: a host's speed drifts by tens of percent over a minute, and
+    taking turns lets every row see the same drift."""
     fns, inputs, grad = tiny_case()
-    print(f"\n# host time per call at a tiny shape ({TINY}), us")
+    best, failed = {}, {}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            if isinstance(fn, str) or name in failed:
+                continue
+            try:
+                times = host_round(fn, inputs, grad)
+            except Exception as exc:  # a baseline missing on this machine is reported, not fatal
+                failed[name] = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
+                continue
+            best[name] = tuple(map(min, zip(best.get(name, times), times)))
+    print(
+        f"\n# host time per call at a tiny shape ({TINY}), us; best of {rounds} rounds taken in turn"
+    )
     print("| implementation | fwd us | eval fwd us | fwd+bwd us |")
     print("|---|---|---|---|")
     case = {"shape": TINY}
     for name, fn in fns.items():
-        if isinstance(fn, str):
-            print(f"| {name} | {fn} | | |")
-            records.add("host overhead", case, name, error=fn.removeprefix("n/a: "))
-            continue
-        try:
-            fwd = host_us(lambda: fn(*inputs))
-            with torch.no_grad():
-                evaluated = host_us(lambda: fn(*inputs))
-            both = host_us(lambda: torch.autograd.grad(fn(*inputs), inputs, grad))
-        except Exception as exc:  # a baseline missing on this machine is reported, not fatal
-            reason = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
+        reason = fn.removeprefix("n/a: ") if isinstance(fn, str) else failed.get(name)
+        if reason is not None:
             print(f"| {name} | n/a: {reason} | | |")
             records.add("host overhead", case, name, error=reason)
             continue
+        fwd, evaluated, both = best[name]
         print(f"| {name} | {fwd:.1f} | {evaluated:.1f} | {both:.1f} |")
         records.add("host overhead", case, name, fwd_us=fwd, eval_fwd_us=evaluated, fwd_bwd_us=both)
     records.save()
