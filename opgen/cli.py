@@ -680,10 +680,11 @@ def tune(
             # The compile check's target: its kernels come from TileLang's cache.
             os.environ.setdefault("TILELANG_DEFAULT_TARGET", TARGET)
 
-        def report(c, ms, problem):
-            # The elapsed time shows what a run under a time limit can expect to finish.
-            out.print(f"  {c.label}: " + (f"{ms:.3f} ms" if ms is not None else problem)
-                      + f"  [{time.monotonic() - started:.0f} s]", markup=False)
+        def report(c, ms, note):
+            # note: why a candidate has no time, or what a time is (a run-off's best). The
+            # elapsed time shows what a run under a time limit can expect to finish.
+            shown = note if ms is None else f"{ms:.3f} ms" + (f" ({note})" if note else "")
+            out.print(f"  {c.label}: {shown}  [{time.monotonic() - started:.0f} s]", markup=False)
 
         times: dict = {}
         cut_off = False

@@ -212,3 +212,67 @@ def test_compile_job_is_the_kernel_the_timing_launches(tmp_path):
             expected = args if c.phase == "fwd" else (*args, autograd.DW_REDUCTION)
             assert job.args == expected and job.tiling == c.tiling_dict, c.label
             assert job.factory == f"rmsnorm_{c.phase}"
+
+
+def test_run_off_times_the_current_tiling_and_the_finalists_again_in_turn():
+    """After a key's first pass, the current tiling and the fastest few others are timed again,
+    round after round in turn, each keeping its best: a drift between minutes cannot pick the
+    winner. The rest, and wrong or failed candidates (no time), are not timed again."""
+    spec = spec_of(UNTUNED_TEXT)
+    first, b, c, d, e, wrong = tune.candidates(spec, ["bwd"], max_candidates=6, subset={1024})
+    times = {first: 1.00, b: 0.97, c: 1.10, d: 0.99, e: 1.30, wrong: None}
+    later = {first: iter([0.96, 0.95, 0.97]), b: iter([0.99, 0.98, 0.99]),
+             c: iter([1.2, 1.2, 1.2]), d: iter([0.90, 1.0, 1.0])}
+    order = []
+
+    def retime(candidate):
+        order.append(candidate)
+        return next(later[candidate])
+
+    retimed = tune.run_off([first, b, c, d, e, wrong], times, retime, finalists=3, rounds=3)
+    assert retimed == [first, b, d, c]
+    assert order == [first, b, d, c] * 3
+    assert times == {first: 0.95, b: 0.97, c: 1.10, d: 0.90, e: 1.30, wrong: None}
+    assert tune.pick_winners([first, b, c, d, e, wrong], times) == {(1024, "bwd"): d}
+
+
+def test_time_by_key_checks_times_and_runs_off_with_the_package_restored(monkeypatch):
+    """time_by_key on the CPU with a stand-in package: each candidate's output is checked against
+    the reference before it is timed (a wrong one gets no time), every candidate launches with its
+    own tiling, the run-off's best is reported with a note, and the package's tiling constants are
+    as they were afterwards. The stand-in bench's stream_ms gives made-up times per tiling."""
+    import types
+
+    import torch
+
+    spec, plan = spec_of(UNTUNED_TEXT), load_plan(REPO_ROOT / "specs/rmsnorm.toml")[0]
+    first, b, c = tune.candidates(spec, ["bwd"], max_candidates=3, subset={4096})
+    autograd = types.SimpleNamespace(__package__="standin", BWD_TILING={"base": 1},
+                                     BWD_TILINGS={4096: {"tuned": 1}}, PLANS={"stale": 1})
+    planned = []
+    queue = {tuple(first.tiling_dict.items()): [1.00, 0.95, 0.96, 0.97],
+             tuple(c.tiling_dict.items()): [0.98, 0.99, 0.99, 0.99]}
+
+    def stream_ms(call):
+        planned.append((dict(autograd.BWD_TILING), dict(autograd.BWD_TILINGS), len(autograd.PLANS)))
+        return queue[tuple(autograd.BWD_TILING.items())].pop(0)
+
+    monkeypatch.setitem(sys.modules, "standin.bench_rmsnorm", types.SimpleNamespace(stream_ms=stream_ms))
+    ref = torch.ones(3)
+
+    def call():
+        # b's tiling gives a wrong dx.
+        return (ref * 2 if autograd.BWD_TILING == b.tiling_dict else ref.clone(),)
+
+    reports = []
+    times = tune.time_by_key(spec, plan, autograd, [first, b, c],
+                             lambda cand, ms, note: reports.append((cand, ms, note)), {},
+                             lambda key: {"bwd": (call, ("dx",), (ref,))})
+    assert times == {first: 0.95, b: None, c: 0.98}
+    assert [t for t, tuned, plans in planned] == [first.tiling_dict, c.tiling_dict] + \
+        [first.tiling_dict, c.tiling_dict] * 3
+    assert all(tuned == {} and plans == 0 for _, tuned, plans in planned)
+    assert reports[1][:2] == (b, None) and reports[1][2].startswith("wrong: dx max error 1")
+    assert reports[-2:] == [(first, 0.95, "run-off, best of 4"), (c, 0.98, "run-off, best of 4")]
+    assert autograd.BWD_TILING == {"base": 1} and autograd.BWD_TILINGS == {4096: {"tuned": 1}}
+    assert autograd.PLANS == {}

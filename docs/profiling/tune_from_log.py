@@ -33,7 +33,8 @@ found = tn.candidates(spec)
 by_label = {c.label: c for c in found}
 times = {}
 for line in log.read_text().splitlines():
-    m = re.match(r"  ((?:fwd|bwd) .*): ([0-9.]+) ms(  \[\d+ s\])?$", line)
+    # A run-off's line (" ms (run-off, best of 4)") comes later and holds the candidate's best.
+    m = re.match(r"  ((?:fwd|bwd) .*): ([0-9.]+) ms( \([^)]*\))?(  \[\d+ s\])?$", line)
     if m and m.group(1) in by_label:
         times[by_label[m.group(1)]] = float(m.group(2))
 complete = {c.variant for c in found if c in times} if partial else tn.timed_variants(
