@@ -4,8 +4,9 @@ too: the last block casts the fp32 sums into dw and zeroes them; no zeroing laun
 
     python docs/profiling/rmsnorm_fused_dw_probe.py
 
-main's package is docs/profiling/baselines/rmsnorm_main (main's templates at 93abf23, the spec
-renamed: its own custom-op names, so both load in one process).
+main's package was docs/profiling/baselines/rmsnorm_main: main's templates at 93abf23 rendered
+from specs/rmsnorm.toml with `name = "rmsnorm_main"` (its own custom-op names, so both load in one
+process). Run 115 measured it; it was removed once the fused dw was merged (d975233 has it).
 
 1. Correctness, both packages through the public function at odd and bench shapes, both dtypes
    and saved rstd variants: dx bitwise equal, dw within an ulp of the dtype, both against the
