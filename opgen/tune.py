@@ -112,8 +112,7 @@ def pick_winners(found: Iterable[Candidate], times: dict[Candidate, float | None
             winners[candidate.variant] = candidate
     current = current_tilings(found)
     return {variant: c for variant, c in winners.items()
-            if speedup(times, current[variant], c) is None
-            or speedup(times, current[variant], c) >= min_speedup}
+            if (gain := speedup(times, current[variant], c)) is None or gain >= min_speedup}
 
 
 def speedup(times: dict[Candidate, float | None], before: Candidate, after: Candidate
@@ -366,7 +365,10 @@ def time_by_key(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
 
             def retime(candidate: Candidate) -> float:
                 use(candidate)
-                return bench.stream_ms(calls[candidate.phase][0])
+                try:
+                    return bench.stream_ms(calls[candidate.phase][0])
+                except Exception:  # ran in the first pass: a failure now keeps its first time
+                    return float("inf")
 
             for candidate in run_off(mine, times, retime):
                 report(candidate, times[candidate], f"run-off, best of {RUN_OFF_ROUNDS + 1}")
