@@ -501,14 +501,15 @@ def tuned_tables(entries: Iterable[Any], key: Callable[[Any], Any], phases: Iter
 def weight_grads_table(p: PlanBase, dx_bytes: int, w_numel: int, adds_per_address: int,
                        partials: int) -> Table:
     """dx written once; dw as fp32 atomic adds (adds_per_address into each of its w_numel
-    elements) or as fp32 partials."""
+    elements) or as fp32 partials. The atomic adds go into fp32 sums the package keeps between
+    calls (zeroed once; the backward's last block casts them into dw and zeroes them again)."""
     rows = []
     for g in p.grads:
         if g.reduction == "direct":
             rows.append([g.grad, g.reduction, buffer_description(g.reduction),
                          format_bytes(dx_bytes), "-", g.note])
         elif g.reduction == "atomic":
-            rows.append([g.grad, g.reduction, buffer_description(g.reduction),
+            rows.append([g.grad, g.reduction, "fp32 sums kept between calls (zero between them)",
                          format_bytes(4 * w_numel),
                          f"{adds_per_address * w_numel} ({adds_per_address} per address)", g.note])
         else:
