@@ -10,8 +10,6 @@
 #      CPU machine, `... tests rmsnorm rmsnorm_tuned scaled_silu`, `... bench rmsnorm`.
 #   2. Host rows with the bench's interleaved rounds (session 26): `for p in rmsnorm scaled_silu
 #      swiglu matmul attention; do python -m generated.$p.bench_$p --overhead; done`.
-#   3. cuDNN's D64 causal kernels in ncu next to opgen's (run 116 filtered them out):
-#      `DIM=64 SDPA=cudnn NCU_KERNELS=cudnn bash docs/profiling/next_gpu_run.sh ncu attention causal`.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
