@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -186,3 +187,17 @@ def spec_problems(project: Path, text: str) -> list[tuple[str, str]]:
     with pytest.raises(SpecError) as info:
         load_plan(write_spec(project, text))
     return info.value.problems
+
+
+def assert_last_block_finishes(source, counted, guard):
+    """After the count, the last block (last[0] == 1) fences again, then casts each sum into dw
+    with plain loads and zeroes it with plain stores (no atomic load or store of the sums: those
+    go one at a time), inside `guard`, and resets the count."""
+    acquire = source.index("if (((int*)last)[0] == 1) {\n    __threadfence();", counted)
+    tail = source[acquire:]
+    assert "AtomicLoad" not in source and "AtomicStore((&(dW[" not in source, source
+    # (An fp32 dw is a plain copy: no cast.)
+    cast = re.search(r"dW_out\[(.+?)\] = (?:\(\((?:half_t|bfloat16_t)\)dW\[\1\]\)|dW\[\1\]);\s*"
+                     r"dW\[\1\] = 0x0p\+0f", tail)
+    assert cast and guard in tail[:cast.start()], tail
+    assert "AtomicStore((&(Done[0])), 0" in tail[cast.end():], tail
