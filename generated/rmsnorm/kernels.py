@@ -205,8 +205,8 @@ def rmsnorm_bwd(
         T.sync_threads()
         if last[0] == 1:
             T.call_extern("handle", "__threadfence")
-            # Plain loads and stores, vectorized and all in flight together (atomic loads go one
-            # L2 round trip at a time: ~5 us at 4096 sums). They read what the atomics wrote:
+            # Plain loads and stores, vectorized and all in flight together (atomic loads would
+            # wait out one L2 round trip after another). They read what the atomics wrote:
             # atomics add in L2 and leave no line of the sums in any L1, this block is their one
             # reader in a launch, and an SM's L1 starts each launch empty.
             for c in T.Parallel(cols):
