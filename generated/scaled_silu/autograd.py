@@ -128,6 +128,11 @@ def accumulator(x, size):
     return found
 
 
+def atomic_buffers(x, dw):
+    """The atomic bwd kernel's dw arguments: its fp32 sums and count (accumulator), then dw."""
+    return (*accumulator(x, dw.numel()), dw)
+
+
 # Every tensor the kernels read must start on a 16-byte boundary: 16-byte vector loads (and TMA)
 # assume it, and a contiguous view at an odd storage offset does not give it.
 ALIGNMENT = 16
@@ -333,7 +338,7 @@ def alloc_dw(x, reduction):
 def launch_backward(x, s, w, dy, dx, dw_out, reduction):
     """The bwd kernel into given buffers: dx (x's shape and dtype) and dw_out (from alloc_dw)."""
     plan = call_plan(x, w, s is not None)
-    dw_buffers = (*accumulator(x, dw_out.numel()), dw_out) if reduction == "atomic" else (dw_out,)
+    dw_buffers = atomic_buffers(x, dw_out) if reduction == "atomic" else (dw_out,)
     launch(plan, plan.bwd(reduction)[0], x, s, w, dy, dx, *dw_buffers)
 
 
@@ -362,7 +367,7 @@ def run_backward(x, s, w, dy, reduction, plan=None):
     if reduction == "atomic":
         # dw written by the bwd launch itself (ACCUMULATORS).
         dw = torch.empty_like(w)
-        launch(plan, bwd, x, s, w, dy, dx, *accumulator(x, w.numel()), dw.view(-1))
+        launch(plan, bwd, x, s, w, dy, dx, *atomic_buffers(x, dw.view(-1)))
         return dx, dw
     buffer = ALLOC[reduction](dw_shape, dtype=torch.float32, device=x.device)
     launch(plan, bwd, x, s, w, dy, dx, buffer)
