@@ -40,6 +40,22 @@ def test_eager_sinks_baseline_is_the_package_s_attention(model_step, window):
     assert (without - expected.float()).abs().max() > 0.1
 
 
+@pytest.mark.parametrize("window", [None, 7])
+def test_flex_folds_the_sinks_in_as_the_eager_formula_does(model_step, monkeypatch, window):
+    """FlexAttention's output rescaled by sigmoid(lse - sink) is the eager formula's. On the CPU
+    FlexAttention runs uncompiled (its compiled CPU path has no lse), forward only."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: fn)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 40, 4, 64, generator=g)
+    k, v = (torch.randn(1, 40, 2, 64, generator=g) for _ in range(2))
+    sinks = torch.randn(4, generator=g) * 2
+    flex = model_step.flex_attention_op()
+    torch.testing.assert_close(flex(q, k, v, sinks, window),
+                               model_step.eager_sinks_attention(q, k, v, sinks, window))
+    torch.testing.assert_close(flex(q, k, v, None, window),
+                               model_step.eager_sinks_attention(q, k, v, None, window))
+
+
 def test_windows_alternate_and_sinks_are_parameters(model_step):
     cfg = model_step.CONFIGS["gpt-oss", True]
     ops = model_step.baseline_ops(cfg, "default")
