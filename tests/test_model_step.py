@@ -82,3 +82,10 @@ def test_gpu_impls_refuse_the_cpu_with_one_line():
     assert run.returncode == 1
     assert "--impl flex needs a CUDA GPU" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_hf_step_without_a_gpu_says_so_in_one_line():
+    run = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / "hf_step.py")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    assert run.stderr.strip() == "hf_step: needs a CUDA GPU"
