@@ -15,10 +15,11 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+from model_step import time_steps  # this script's folder is on sys.path
 
 
 def build_model(args):
@@ -55,26 +56,9 @@ def measure(model, implementation, ids, args):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    step()  # kernels built here (TileLang, torch.compile): timed apart
-    torch.cuda.synchronize()
-    first_s = time.perf_counter() - t0
-    for _ in range(args.warmup - 1):
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(args.steps)]
-    for start, end in events:
-        start.record()
-        step()
-        end.record()
-    torch.cuda.synchronize()
+    first_s, times, peak = time_steps(step, torch.device("cuda"), args.warmup, args.steps)
     del opt
-    return dict(first_step_s=first_s,
-                step_ms=statistics.median(s.elapsed_time(e) for s, e in events),
-                peak_gib=torch.cuda.max_memory_allocated() / 2**30)
+    return dict(first_step_s=first_s, step_ms=statistics.median(times), peak_gib=peak)
 
 
 def main():

@@ -264,6 +264,36 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+def time_steps(step, device, warmup, steps):
+    """(first step s, [ms of each timed step], peak GiB over them or None on the CPU) of step()
+    run warmup times (the first timed apart: it builds the kernels, TileLang's and
+    torch.compile's), then steps times."""
+    sync(device)
+    t0 = time.perf_counter()
+    step()
+    sync(device)
+    first_s = time.perf_counter() - t0
+    for _ in range(warmup - 1):
+        step()
+    sync(device)
+    if device.type != "cuda":
+        times = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t) * 1e3)
+        return first_s, times, None  # no allocator statistics on the CPU
+    torch.cuda.reset_peak_memory_stats()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(steps)]
+    for start, end in events:
+        start.record()
+        step()
+        end.record()
+    torch.cuda.synchronize()
+    return first_s, [s.elapsed_time(e) for s, e in events], torch.cuda.max_memory_allocated() / 2**30
+
+
 def measure(impl, seq_len, cfg, args):
     model = build(cfg, make_ops(impl, cfg, args), args.device, args.dtype, args.seed)
     fused = args.device.type == "cuda"
@@ -276,33 +306,7 @@ def measure(impl, seq_len, cfg, args):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    # The first step compiles the TileLang kernels (and torch.compile graphs): timed apart.
-    sync(args.device)
-    t0 = time.perf_counter()
-    step()
-    sync(args.device)
-    first_s = time.perf_counter() - t0
-    for _ in range(args.warmup - 1):
-        step()
-    sync(args.device)
-    if args.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(args.steps)]
-        for start, end in events:
-            start.record()
-            step()
-            end.record()
-        torch.cuda.synchronize()
-        times = [s.elapsed_time(e) for s, e in events]
-        peak = torch.cuda.max_memory_allocated() / 2**30
-    else:
-        times = []
-        for _ in range(args.steps):
-            t = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t) * 1e3)
-        peak = None  # no allocator statistics on CPU
+    first_s, times, peak = time_steps(step, args.device, args.warmup, args.steps)
     ms = statistics.median(times)
     del model, opt, fwd
     if args.device.type == "cuda":
