@@ -57,7 +57,6 @@ def measure(model, implementation, ids, args):
         opt.zero_grad(set_to_none=True)
 
     first_s, times, peak = time_steps(step, torch.device("cuda"), args.warmup, args.steps)
-    del opt
     return dict(first_step_s=first_s, step_ms=statistics.median(times), peak_gib=peak)
 
 
