@@ -3,17 +3,14 @@
 # start takes 1-3 of the session's 30 minutes; it is given back 30 s after a call ends, so have
 # the next call ready; carry .gpu, built with `../shared/tools/gpu-bundle
 # flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof, from `bash next_gpu_run.sh prep`).
-# Session 26 ran sessions 24-25's list (runs 113-119). Left for the next, in this order:
-#   1. The fused dw's last block with plain vectorized loads (session 26; it read the sums with
-#      one atomic load at a time: ~5 us serial at C=4096, run 115's 5% loss there): `bash
-#      docs/profiling/next_gpu_run.sh tests rmsnorm rmsnorm_tuned scaled_silu` (the double-run
-#      tests check the sums come back to zero), `... bench rmsnorm scaled_silu` (run 117: bwd
-#      0.126 / 0.099 / 0.139 ms; scaled_silu 0.152). Then rmsnorm tuned again on this backward
-#      (run 114 tuned main's, before the merge): `TUNE_ARGS="--phases bwd" bash
-#      docs/profiling/next_gpu_run.sh tune rmsnorm`, `opgen build specs/rmsnorm.toml` on the CPU
-#      machine, tests and bench again.
-#   2. Host rows with the bench's interleaved rounds (session 26): `for p in rmsnorm scaled_silu
-#      swiglu matmul attention; do python -m generated.$p.bench_$p --overhead; done`.
+# Session 27 ran session 26's list (runs 120-122) and the model steps (runs 123-124). Left for the
+# next, in this order:
+#   1. A transformers GPT-OSS model's training step per attention implementation (never run: the
+#      session's device time ran out): `python -u examples/hf_step.py --json $OUT/hf.json` (eager,
+#      flex_attention, opgen_attention_sink; S 1000 and 2048; ~2-3 min with a cold TileLang cache).
+#   2. linear_attention's host rows: `timeout 500 python -m
+#      generated.linear_attention.bench_linear_attention --overhead` (run 122's 200 s ran out in
+#      flash-linear-attention's Triton autotuning at the tiny shape).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
