@@ -378,14 +378,15 @@ def main():
     for impl in impls:
         if impl != "baseline":  # fail early, with a clear message, where it cannot run
             make_ops(impl, cfg, args)
-    if args.check:
-        return check(cfg, ["baseline"] + [i for i in impls if i != "baseline"], args)
+    if args.check:  # against the baseline: the impls asked for, else opgen
+        compared = [i for i in impls if i != "baseline"] or ["opgen"]
+        return check(cfg, ["baseline"] + compared, args)
 
     print(f"config {cfg} batch {args.batch} dtype {args.dtype} device {args.device} "
           f"compile {args.compile} steps {args.steps} (median) after {args.warmup} warm-up")
     results = [measure(impl, s, cfg, args) for s in args.seq_lens for impl in impls]
     base = {r["seq_len"]: r["step_ms"] for r in results if r["impl"] == "baseline"}
-    for r in results:  # > 1: opgen is faster than the baseline
+    for r in results:  # > 1: the impl is faster than the baseline
         r["speedup_vs_baseline"] = base[r["seq_len"]] / r["step_ms"] if r["seq_len"] in base else None
     print(f"{'seq_len':>7} {'impl':>8} {'first step s':>12} {'step ms':>9} {'tok/s':>10} "
           f"{'peak GiB':>8} {'vs baseline':>14}")
