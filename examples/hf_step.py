@@ -41,9 +41,30 @@ def build_model(args):
         num_experts_per_tok=args.top_k,
         rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
         tie_word_embeddings=False,
+        experts_implementation=args.experts_implementation,
     )
     torch.manual_seed(args.seed)
-    return transformers.GptOssForCausalLM(config).to(device="cuda", dtype=torch.bfloat16)
+    model = transformers.GptOssForCausalLM(config)
+    for layer in model.model.layers:
+        # Sinks near 2 (initialized near 0, where they hardly matter): each takes a visible share
+        # of its rows, so an implementation that dropped them would show in the loss check.
+        torch.nn.init.normal_(layer.self_attn.sinks, mean=2.0)
+    return model.to(device="cuda", dtype=torch.bfloat16)
+
+
+def first_losses(model, names, ids):
+    """{name: loss} of one forward under each implementation, with no optimizer step between them:
+    the same weights, so the losses agree up to bf16 rounding where the implementations compute
+    the same attention (sinks and windows included). None where the implementation fails."""
+    losses = {}
+    with torch.no_grad():
+        for name, implementation in names.items():
+            try:
+                model.set_attn_implementation(implementation)
+                losses[name] = model(input_ids=ids, labels=ids).loss.item()
+            except Exception:  # reported, with its error, when its steps are timed
+                losses[name] = None
+    return losses
 
 
 def measure(model, implementation, ids, args):
@@ -71,6 +92,8 @@ def main():
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--experts", type=int, default=4)
     p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--experts-implementation", default="eager",
+                   help="transformers' experts_implementation (the same for every attention)")
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--steps", type=int, default=20, help="timed steps (median)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps, the first included")
@@ -106,20 +129,27 @@ def main():
     for seq_len in args.seq_lens:
         g = torch.Generator().manual_seed(args.seed)
         ids = torch.randint(0, args.vocab, (args.batch, seq_len), generator=g).cuda()
+        losses = first_losses(model, names, ids)
+        reference = losses.get("eager")
+        print(f"{seq_len:>7} first-step losses: " + ", ".join(
+            f"{name} {loss:.6f}" + (f" (rel diff {abs(loss - reference) / abs(reference):.1e})"
+                                    if reference and name != "eager" else "")
+            for name, loss in losses.items() if loss is not None))
         eager_ms = None
         for name, implementation in names.items():
             try:
                 r = measure(model, implementation, ids, args)
             except Exception as error:  # an implementation transformers lacks for this model
                 print(f"{seq_len:>7} {name:>16} n/a: {type(error).__name__}: {error}"[:200])
-                results.append(dict(seq_len=seq_len, attention=name, error=str(error)))
+                results.append(dict(seq_len=seq_len, attention=name, first_loss=losses[name],
+                                    error=str(error)))
                 continue
             if name == "eager":
                 eager_ms = r["step_ms"]
             ratio = f"{eager_ms / r['step_ms']:.3f}x" if eager_ms else ""
             print(f"{seq_len:>7} {name:>16} {r['first_step_s']:>12.2f} {r['step_ms']:>9.2f} "
                   f"{r['peak_gib']:>8.2f} {ratio:>12}")
-            results.append(dict(seq_len=seq_len, attention=name, **r))
+            results.append(dict(seq_len=seq_len, attention=name, first_loss=losses[name], **r))
     if args.json:
         meta = {k: v for k, v in vars(args).items() if k != "json"}
         meta.update(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
