@@ -11,6 +11,9 @@ postprocess, host included), on the H200:
   while dP's is in flight, dS while dV's is) at the package's tiling.
 - overlap + pairs: both.
 - NAME@MxNsK: the variant at bwd tiling block_m M, block_n N, K stages (else the package's).
+- no-dq-atomics, no-dq: bwd_ablations (timing only: dQ is wrong by design, so the gradient check
+  skips them). `VARIANTS="no-dq-atomics,no-dq" python docs/profiling/bwd_variants_probe.py`:
+  what the dQ path costs the backward.
 
 Each case: the package's CallPlan, and copies of it whose bwd (and, with pairs, postprocess:
 both read the accumulator; the preprocess zeroes it in any order) are replaced. Gradients are
@@ -30,6 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bwd_schedules as S
+from bwd_ablations import ABLATIONS, ablated_kernels
 
 from generated.attention import autograd as MHA, kernels as MHA_K, bench_attention as B
 from generated.attention_sink import autograd as SINK, kernels as SINK_K
@@ -37,6 +41,7 @@ from generated.gqa import autograd as GQA, kernels as GQA_K
 
 T0 = time.perf_counter()
 PACKAGES = {"mha": (MHA, MHA_K), "gqa": (GQA, GQA_K), "sink": (SINK, SINK_K)}
+PACKAGE_DIRS = {"mha": "attention", "gqa": "gqa", "sink": "attention_sink"}
 # (package, batch, heads, kv_heads, seq_len, head_dim, causal, dtype, window)
 ODD = [("mha", 2, 16, 16, 333, 128, False, "float16", 0), ("mha", 1, 16, 16, 1000, 64, True, "float16", 0),
        ("gqa", 2, 32, 8, 333, 128, False, "bfloat16", 0), ("sink", 1, 64, 8, 1000, 64, True, "bfloat16", 128)]
@@ -92,6 +97,9 @@ def build_variants(cases):
         shipped = K._dq_layout
         for name in VARIANTS:
             bwd_factory = S.bwd_overlap if "overlap" in name else calls["bwd"][0]
+            ablation = name.split("@")[0]
+            if ablation in ABLATIONS:
+                bwd_factory = getattr(ablated_kernels(PACKAGE_DIRS[p], ablation), bwd_factory.func.__name__)
             K._dq_layout = S._dq_layout = pairs_layout if "pairs" in name else shipped
             try:
                 post_factory, post_args, post_tiling = calls["postprocess"]
@@ -140,6 +148,8 @@ for case in ODD:
     o, lse = A.run_forward(q, k, v, *sinks, c, w or None, "bshd", d ** -0.5, plan=plan)
     ref = backward(p, plan, reds, q, k, v, sinks, o, lse, do, c, w, d)
     for name, variant in variants.items():
+        if name.split("@")[0] in ABLATIONS:
+            continue  # wrong by design: timed only
         got = backward(p, variant, reds, q, k, v, sinks, o, lse, do, c, w, d)
         diffs = [(x.float() - y.float()).abs().max().item() for x, y in zip(got, ref)]
         ok = all(x <= 2e-2 for x in diffs) and all(torch.isfinite(x).all().item() for x in got)

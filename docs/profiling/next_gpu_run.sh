@@ -5,6 +5,12 @@
 # flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof, from `bash next_gpu_run.sh prep`).
 # Session 27 ran session 26's list (runs 120-122) and the model steps (runs 123-124). Left for the
 # next, in this order:
+#   0. What the attention backward's dQ path costs (session 27, CPU-checked: both ablations lower
+#      and compile, no spills): `VARIANTS="no-dq-atomics,no-dq" timeout 500 python
+#      docs/profiling/bwd_variants_probe.py` (bwd_ablations.py: the package's bwd with its dQ
+#      atomics skipped, and with the whole dQ path cut; timing only). If skipping the atomics
+#      alone gains >= 10%, a staged, double-buffered bulk reduce of dQ (`tl::tma_store_add`, its
+#      wait deferred a step) is the next backward to build; if not, the gap is elsewhere.
 #   1. A transformers GPT-OSS model's training step per attention implementation (never run: the
 #      session's device time ran out): `python -u examples/hf_step.py --json $OUT/hf.json` (eager,
 #      flex_attention, opgen_attention_sink; S 1000 and 2048; ~2-3 min with a cold TileLang cache).
