@@ -1,6 +1,6 @@
-"""Ablations of a shipped attention backward, for timing only (their dQ is wrong by design): how
-much of the backward's time its dQ path costs. Each is the package's own kernels.py with one part
-of the bwd kernel's loop cut out, loaded as a module of its own:
+"""Variants of a shipped attention backward made by editing the package's own kernels.py, each
+loaded as a module of its own. Ablations, for timing only (their dQ is wrong by design): how much
+of the backward's time its dQ path costs.
 
 - no-dq-atomics: the dQ GEMM kept, its per-element fp32 atomics skipped (guarded by a condition
   on a loaded lse value that never holds, so neither the GEMM nor the atomics are dead code to
@@ -9,11 +9,23 @@ of the bwd kernel's loop cut out, loaded as a module of its own:
   at D128 128x64) bound it, and a staged bulk reduce of dQ is worth building.
 - no-dq: dS's shared-memory store, the dQ GEMM and the atomics all cut: the whole dQ path.
 
-    from bwd_ablations import ablated_kernels
-    K = ablated_kernels("attention", "no-dq-atomics")   # K.attention_bwd: the ablated factory
+And one candidate, right by construction (the probe checks its gradients):
+
+- bulk-dq: each step's dQ tile staged in shared memory (fp32, row-major) and added into the
+  accumulator by one bulk reduce (`cp.reduce.async.bulk ... add.f32`, issued by one thread),
+  whose wait for the tile's read is deferred to the next step, just before the barrier that
+  precedes dS's store (the tile is long read by then). The accumulator is laid out in tiles of
+  DQ_TILE rows, each contiguous and row-major, so a tile is one bulk copy; its rows are padded to
+  a multiple of DQ_TILE (the probe pads every plan's lse and dQ rows so; the padding rows take
+  zeros from masked queries, and the postprocess never reads them). Run 55 tried TileLang's own
+  TMA reduce (`use_tma=True`), which waits for each read at once: 3-7% slower.
+
+    from bwd_ablations import edited_kernels
+    K = edited_kernels("attention", "no-dq-atomics")   # K.attention_bwd: the ablated factory
 """
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 
@@ -41,29 +53,111 @@ ABLATIONS = {
     "no-dq": [(ATOMICS, ""), (DQ_PATH, "")],
 }
 
+DQ_TILE = 64
+LAYOUT = re.compile(r"def _dq_layout\(layout, dQ\):.*?\n\n\n", re.S)
+TILE_LAYOUT = f"""\
+DQ_TILE = {DQ_TILE}
 
-def ablated_source(package, ablation):
+
+def _dq_layout(layout, dQ):
+    # Tiles of DQ_TILE rows of one head, each contiguous and row-major: one bulk add a tile.
+    if layout == "bshd":
+        return T.Layout(dQ.shape, lambda b, l, h, d: [b, h, l // DQ_TILE, l % DQ_TILE, d])
+    return T.Layout(dQ.shape, lambda b, h, l, d: [b, h, l // DQ_TILE, l % DQ_TILE, d])
+
+
+def padded_rows(seq_len):
+    return (seq_len + DQ_TILE - 1) // DQ_TILE * DQ_TILE
+
+
+"""
+BULK = [
+    ("""\
+            T.annotate_layout({dQ: _dq_layout(layout, dQ)})
+            kv_head = bx if in_block else bx // groups
+""", """\
+            dq_staged = T.alloc_shared([block_n, dim], ACCUM)
+            T.annotate_layout({dQ: _dq_layout(layout, dQ),
+                               dq_staged: T.Layout([block_n, dim], lambda i, j: [i, j])})
+            tx = T.get_thread_binding()
+            kv_head = bx if in_block else bx // groups
+"""),
+    ("""\
+                T.copy(dsT_cast, dsT_shared)
+""", """\
+                if tx == 0:
+                    # The last step's bulk add has read dq_staged by now (a whole step ago); the
+                    # barrier before dS's store below tells every thread.
+                    T.tma_store_wait(0)
+                T.copy(dsT_cast, dsT_shared)
+"""),
+    (ATOMICS, """\
+                T.copy(dq, dq_staged)
+                T.fence_proxy_async()
+                T.sync_threads(5, threads)
+                if tx == 0:
+                    for t in T.serial(block_n // DQ_TILE):
+                        T.call_extern(
+                            "handle", "tl::tma_store_add",
+                            T.address_of(dq_staged[t * DQ_TILE, 0]),
+                            T.address_of(elem(dQ, bz, h, k * block_n + t * DQ_TILE, 0)),
+                            DQ_TILE * dim * 4)
+                    T.tma_store_arrive()
+"""),
+    ("""\
+            store_dkv(dv, dv_shared, dV, dv_reduction, bx, by, bz)
+""", """\
+            if tx == 0:
+                T.tma_store_wait(0, read=False)
+            store_dkv(dv, dv_shared, dV, dv_reduction, bx, by, bz)
+"""),
+]
+# The preprocess zeroes dQ through the tiled layout too: in plain row order its rows up to
+# ceildiv(seq_len, block_m) * block_m would be other physical elements than the tiles' (it zeroes
+# every real row either way; padding rows are never read).
+BULK += [
+    ("""\
+            o = T.alloc_fragment([block_m, dim], dtype)
+""", """\
+            o = T.alloc_fragment([block_m, dim], dtype)
+            T.annotate_layout({dQ: _dq_layout(layout, dQ)})
+"""),
+    ("""\
+            T.copy(zeros, rows(dQ, bz, by, bx * block_m, block_m))
+""", """\
+            for i, j in T.Parallel(block_m, dim):
+                T.buffer_store(dQ, zeros[i, j], _indexers(layout)[2](bz, by, bx * block_m + i, j))
+"""),
+]
+EDITS = {**ABLATIONS, "bulk-dq": BULK}
+
+
+def edited_source(package, variant):
     path = os.path.join(os.getcwd(), "generated", package, "kernels.py")
     with open(path) as f:
         source = f.read()
-    for old, new in ABLATIONS[ablation]:
+    if variant == "bulk-dq":
+        source, count = LAYOUT.subn(lambda m: TILE_LAYOUT, source)
+        if count != 1:
+            raise RuntimeError(f"{path}: _dq_layout's text changed; update bwd_ablations.py")
+    for old, new in EDITS[variant]:
         if source.count(old) != 1:
-            raise RuntimeError(f"{path}: the bwd loop's text changed; update bwd_ablations.py")
+            raise RuntimeError(f"{path}: the bwd kernel's text changed; update bwd_ablations.py")
         source = source.replace(old, new)
     return source
 
 
-# TileLang parses each kernel function from its source file: the ablated modules live in files.
+# TileLang parses each kernel function from its source file: the edited modules live in files.
 FOLDER = tempfile.mkdtemp(prefix="bwd_ablations_")
 
 
-def ablated_kernels(package, ablation):
-    """generated/<package>/kernels.py with the ablation applied, as a module of its own."""
-    name = f"ablated_{package}_{ablation.replace('-', '_')}"
+def edited_kernels(package, variant):
+    """generated/<package>/kernels.py with the variant's edits, as a module of its own."""
+    name = f"edited_{package}_{variant.replace('-', '_')}"
     if name not in sys.modules:
         path = os.path.join(FOLDER, name + ".py")
         with open(path, "w") as f:
-            f.write(ablated_source(package, ablation))
+            f.write(edited_source(package, variant))
         spec = importlib.util.spec_from_file_location(name, path)
         module = sys.modules[name] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

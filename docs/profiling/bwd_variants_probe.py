@@ -14,6 +14,8 @@ postprocess, host included), on the H200:
 - no-dq-atomics, no-dq: bwd_ablations (timing only: dQ is wrong by design, so the gradient check
   skips them). `VARIANTS="no-dq-atomics,no-dq" python docs/profiling/bwd_variants_probe.py`:
   what the dQ path costs the backward.
+- bulk-dq: bwd_ablations' staged bulk reduce of dQ (its preprocess, bwd and postprocess, the dQ
+  accumulator's rows padded to a multiple of its tiles).
 
 Each case: the package's CallPlan, and copies of it whose bwd (and, with pairs, postprocess:
 both read the accumulator; the preprocess zeroes it in any order) are replaced. Gradients are
@@ -33,7 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bwd_schedules as S
-from bwd_ablations import ABLATIONS, ablated_kernels
+from bwd_ablations import ABLATIONS, DQ_TILE, EDITS, edited_kernels
 
 from generated.attention import autograd as MHA, kernels as MHA_K, bench_attention as B
 from generated.attention_sink import autograd as SINK, kernels as SINK_K
@@ -97,13 +99,17 @@ def build_variants(cases):
         shipped = K._dq_layout
         for name in VARIANTS:
             bwd_factory = S.bwd_overlap if "overlap" in name else calls["bwd"][0]
-            ablation = name.split("@")[0]
-            if ablation in ABLATIONS:
-                bwd_factory = getattr(ablated_kernels(PACKAGE_DIRS[p], ablation), bwd_factory.func.__name__)
+            (pre_factory, pre_args, pre_tiling), (post_factory, post_args, post_tiling) = (
+                calls["preprocess"], calls["postprocess"])
+            edit = name.split("@")[0]
+            if edit in EDITS:  # the edited module's three backward phases
+                E = edited_kernels(PACKAGE_DIRS[p], edit)
+                bwd_factory, pre_factory, post_factory = (
+                    getattr(E, f.func.__name__) for f in (bwd_factory, pre_factory, post_factory))
             K._dq_layout = S._dq_layout = pairs_layout if "pairs" in name else shipped
             try:
-                post_factory, post_args, post_tiling = calls["postprocess"]
                 jobs[key + (name,)] = (
+                    (pre_factory, pre_factory.get_tir(*pre_args, **pre_tiling)),
                     (bwd_factory, bwd_factory.get_tir(*calls["bwd"][1], **tiling_of(name, calls["bwd"][2]))),
                     (post_factory, post_factory.get_tir(*post_args, **post_tiling)))
             finally:
@@ -113,7 +119,7 @@ def build_variants(cases):
                    for key, pair in jobs.items()}
         for key, pair in futures.items():
             BUILT[key] = tuple(f.result() for f in pair)
-    print(f"built {2 * len(jobs)} variant kernels in {time.perf_counter() - T0:.0f} s", flush=True)
+    print(f"built {3 * len(jobs)} variant kernels in {time.perf_counter() - T0:.0f} s", flush=True)
 
 
 def plans(case, q, k):
@@ -125,7 +131,14 @@ def plans(case, q, k):
     variants = {}
     for name in VARIANTS:
         variant = variants[name] = copy.copy(plan)
-        variant.bwd, variant.postprocess = BUILT[variant_key(case) + (name,)]
+        variant.preprocess, variant.bwd, variant.postprocess = BUILT[variant_key(case) + (name,)]
+        if name.split("@")[0] == "bulk-dq":
+            # Whole tiles of dQ rows (bshd: rows are dim 1). lse and Delta keep the package's
+            # padding: each buffer's padded rows are a symbol of their own in the kernels, and
+            # TMA zero-fills the rows of lse and Delta past theirs.
+            shape = list(plan.dq_accum_shape)
+            shape[1] = (s + DQ_TILE - 1) // DQ_TILE * DQ_TILE
+            variant.dq_accum_shape = tuple(shape)
     return plan, variants, reds
 
 

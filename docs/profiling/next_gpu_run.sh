@@ -5,12 +5,14 @@
 # flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof, from `bash next_gpu_run.sh prep`).
 # Session 27 ran session 26's list (runs 120-122) and the model steps (runs 123-124). Left for the
 # next, in this order:
-#   0. What the attention backward's dQ path costs (session 27, CPU-checked: both ablations lower
-#      and compile, no spills): `VARIANTS="no-dq-atomics,no-dq" timeout 500 python
+#   0. What the attention backward's dQ path costs, and a candidate that cuts it (session 27,
+#      CPU-checked: every variant lowers and compiles for MHA, GQA and sinks, 168 registers, no
+#      spills): `VARIANTS="no-dq-atomics,no-dq,bulk-dq" timeout 500 python
 #      docs/profiling/bwd_variants_probe.py` (bwd_ablations.py: the package's bwd with its dQ
-#      atomics skipped, and with the whole dQ path cut; timing only). If skipping the atomics
-#      alone gains >= 10%, a staged, double-buffered bulk reduce of dQ (`tl::tma_store_add`, its
-#      wait deferred a step) is the next backward to build; if not, the gap is elsewhere.
+#      atomics skipped, with the whole dQ path cut (both timing only), and bulk-dq: dQ staged in
+#      shared memory and added by one bulk reduce a step, its wait deferred to the next step;
+#      its gradients are checked at odd lengths first). If bulk-dq is right and faster, move it
+#      into the template (the accumulator's tiled layout, its rows padded to the tile).
 #   1. A transformers GPT-OSS model's training step per attention implementation (never run: the
 #      session's device time ran out): `python -u examples/hf_step.py --json $OUT/hf.json` (eager,
 #      flex_attention, opgen_attention_sink; S 1000 and 2048; ~2-3 min with a cold TileLang cache).
