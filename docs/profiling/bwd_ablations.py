@@ -11,11 +11,11 @@ of the backward's time its dQ path costs.
 
 And one candidate, right by construction (the probe checks its gradients):
 
-- bulk-dq: each step's dQ tile staged in shared memory (fp32, row-major) and added into the
+- bulk-dq: each step's dQ tile staged in shared memory (fp32, rows' 16-byte chunks swizzled) and added into the
   accumulator by one bulk reduce (`cp.reduce.async.bulk ... add.f32`, issued by one thread),
   whose wait for the tile's read is deferred to the next step, just before the barrier that
   precedes dS's store (the tile is long read by then). The accumulator is laid out in tiles of
-  DQ_TILE rows, each contiguous and row-major, so a tile is one bulk copy; its rows are padded to
+  DQ_TILE rows, each contiguous and in the staged tile's order, so a tile is one bulk copy; its rows are padded to
   a multiple of DQ_TILE (the probe pads every plan's lse and dQ rows so; the padding rows take
   zeros from masked queries, and the postprocess never reads them). Run 55 tried TileLang's own
   TMA reduce (`use_tma=True`), which waits for each read at once: 3-7% slower.
@@ -59,11 +59,18 @@ TILE_LAYOUT = f"""\
 DQ_TILE = {DQ_TILE}
 
 
+def _swizzled(row, col):
+    # A row's 16-byte chunks XORed with the row's index mod 8: the staged tile's stores from the
+    # GEMM fragment (8 rows a warp, 512 bytes apart) spread over every bank.
+    return ((col // 4) ^ (row % 8)) * 4 + col % 4
+
+
 def _dq_layout(layout, dQ):
-    # Tiles of DQ_TILE rows of one head, each contiguous and row-major: one bulk add a tile.
+    # Tiles of DQ_TILE rows of one head, each contiguous, in the staged tile's (swizzled) order:
+    # one bulk add a tile.
     if layout == "bshd":
-        return T.Layout(dQ.shape, lambda b, l, h, d: [b, h, l // DQ_TILE, l % DQ_TILE, d])
-    return T.Layout(dQ.shape, lambda b, h, l, d: [b, h, l // DQ_TILE, l % DQ_TILE, d])
+        return T.Layout(dQ.shape, lambda b, l, h, d: [b, h, l // DQ_TILE, l % DQ_TILE, _swizzled(l, d)])
+    return T.Layout(dQ.shape, lambda b, h, l, d: [b, h, l // DQ_TILE, l % DQ_TILE, _swizzled(l, d)])
 
 
 def padded_rows(seq_len):
@@ -78,7 +85,7 @@ BULK = [
 """, """\
             dq_staged = T.alloc_shared([block_n, dim], ACCUM)
             T.annotate_layout({dQ: _dq_layout(layout, dQ),
-                               dq_staged: T.Layout([block_n, dim], lambda i, j: [i, j])})
+                               dq_staged: T.Layout([block_n, dim], lambda i, j: [i, _swizzled(i, j)])})
             tx = T.get_thread_binding()
             kv_head = bx if in_block else bx // groups
 """),
