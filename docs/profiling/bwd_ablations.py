@@ -4,21 +4,22 @@ of the backward's time its dQ path costs.
 
 - no-dq-atomics: the dQ GEMM kept, its per-element fp32 atomics skipped (guarded by a condition
   on a loaded lse value that never holds, so neither the GEMM nor the atomics are dead code to
-  the compiler; a condition on dQ's own values breaks TileLang's layout inference). If the backward gets much
-  faster, the atomics (their instructions, or L2's reduction throughput: 32 KB a step per block
-  at D128 128x64) bound it, and a staged bulk reduce of dQ is worth building.
+  the compiler; a condition on dQ's own values breaks TileLang's layout inference). If the
+  backward gets much faster, the atomics (their instructions, or L2's reduction throughput: 32 KB
+  a step per block at D128 128x64) bound it.
 - no-dq: dS's shared-memory store, the dQ GEMM and the atomics all cut: the whole dQ path.
 
 And one candidate, right by construction (the probe checks its gradients):
 
-- bulk-dq: each step's dQ tile staged in shared memory (fp32, rows' 16-byte chunks swizzled) and added into the
-  accumulator by one bulk reduce (`cp.reduce.async.bulk ... add.f32`, issued by one thread),
-  whose wait for the tile's read is deferred to the next step, just before the barrier that
-  precedes dS's store (the tile is long read by then). The accumulator is laid out in tiles of
-  DQ_TILE rows, each contiguous and in the staged tile's order, so a tile is one bulk copy; its rows are padded to
-  a multiple of DQ_TILE (the probe pads every plan's lse and dQ rows so; the padding rows take
-  zeros from masked queries, and the postprocess never reads them). Run 55 tried TileLang's own
-  TMA reduce (`use_tma=True`), which waits for each read at once: 3-7% slower.
+- bulk-dq: each step's dQ tile staged in shared memory (fp32, each row's 16-byte chunks
+  swizzled) and added into the accumulator by one bulk reduce (`cp.reduce.async.bulk ...
+  add.f32`, issued by one thread), whose wait for the tile's read is deferred to the next step,
+  just before the barrier that precedes dS's store (the tile is long read by then). The
+  accumulator is laid out in tiles of DQ_TILE rows, each contiguous and in the staged tile's
+  order, so a tile is one bulk copy; the probe pads the variant's accumulator rows to a multiple
+  of DQ_TILE (lse and Delta keep theirs: each buffer's padded rows are a symbol of its own). The
+  padding rows take zeros from masked queries, and the postprocess never reads them. Run 55 tried
+  TileLang's own TMA reduce (`use_tma=True`), which waits for each read at once: 3-7% slower.
 
     from bwd_ablations import edited_kernels
     K = edited_kernels("attention", "no-dq-atomics")   # K.attention_bwd: the ablated factory
@@ -71,10 +72,6 @@ def _dq_layout(layout, dQ):
     if layout == "bshd":
         return T.Layout(dQ.shape, lambda b, l, h, d: [b, h, l // DQ_TILE, l % DQ_TILE, _swizzled(l, d)])
     return T.Layout(dQ.shape, lambda b, h, l, d: [b, h, l // DQ_TILE, l % DQ_TILE, _swizzled(l, d)])
-
-
-def padded_rows(seq_len):
-    return (seq_len + DQ_TILE - 1) // DQ_TILE * DQ_TILE
 
 
 """
