@@ -54,7 +54,7 @@ ABLATIONS = {
     "no-dq": [(ATOMICS, ""), (DQ_PATH, "")],
 }
 
-DQ_TILE = 64
+DQ_TILE = 16
 LAYOUT = re.compile(r"def _dq_layout\(layout, dQ\):.*?\n\n\n", re.S)
 TILE_LAYOUT = f"""\
 DQ_TILE = {DQ_TILE}
@@ -117,8 +117,9 @@ BULK = [
 """),
 ]
 # The preprocess zeroes dQ through the tiled layout too: in plain row order its rows up to
-# ceildiv(seq_len, block_m) * block_m would be other physical elements than the tiles' (it zeroes
-# every real row either way; padding rows are never read).
+# ceildiv(seq_len, block_m) * block_m would be other physical elements than the tiles'. It zeroes
+# every real row (rows past the accumulator's, with 16-row tiles, are skipped; padding rows it
+# leaves are never read).
 BULK += [
     ("""\
             o = T.alloc_fragment([block_m, dim], dtype)
@@ -130,7 +131,8 @@ BULK += [
             T.copy(zeros, rows(dQ, bz, by, bx * block_m, block_m))
 """, """\
             for i, j in T.Parallel(block_m, dim):
-                T.buffer_store(dQ, zeros[i, j], _indexers(layout)[2](bz, by, bx * block_m + i, j))
+                if bx * block_m + i < dQ.shape[1 if layout == "bshd" else 2]:  # the tiles' rows
+                    T.buffer_store(dQ, zeros[i, j], _indexers(layout)[2](bz, by, bx * block_m + i, j))
 """),
 ]
 EDITS = {**ABLATIONS, "bulk-dq": BULK}

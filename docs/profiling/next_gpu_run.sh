@@ -11,8 +11,11 @@
 #      docs/profiling/bwd_variants_probe.py` (bwd_ablations.py: the package's bwd with its dQ
 #      atomics skipped, with the whole dQ path cut (both timing only), and bulk-dq: dQ staged in
 #      shared memory and added by one bulk reduce a step, its wait deferred to the next step;
-#      its gradients are checked at odd lengths first). If bulk-dq is right and faster, move it
-#      into the template (the accumulator's tiled layout, its rows padded to the tile).
+#      its gradients are checked at odd lengths first). Branch bulk-dq has it in the template
+#      (16-row tiles, as the probe's; every attention-family kernel compiles, CPU suite green): if
+#      the probe finds it right and faster, `git checkout bulk-dq`, then `bash
+#      docs/profiling/next_gpu_run.sh tests attention gqa attention_sink` (two calls with a cold
+#      cache) and the three benches against run 105, and merge.
 #   1. A transformers GPT-OSS model's training step per attention implementation (never run: the
 #      session's device time ran out): `python -u examples/hf_step.py --json $OUT/hf.json` (eager,
 #      flex_attention, opgen_attention_sink; S 1000 and 2048; ~2-3 min with a cold TileLang cache).
