@@ -30,15 +30,10 @@ import re
 import sys
 import tempfile
 
-ATOMICS = """\
-                if k * block_n + block_n <= seq_len:
-                    for i, j in T.Parallel(block_n, dim):
-                        T.atomic_add(elem(dQ, bz, h, k * block_n + i, j), dq[i, j])
-                else:
-                    for i, j in T.Parallel(block_n, dim):
-                        if k * block_n + i < seq_len:
-                            T.atomic_add(elem(dQ, bz, h, k * block_n + i, j), dq[i, j])
-"""
+# The bwd loop's dQ atomics: both branches (the tail block's guarded one too), up to the loop's
+# end. A pattern rather than the text, so the kernel's lines are not copied here.
+ATOMICS = re.compile(r"^ +if k \* block_n \+ block_n <= seq_len:\n(?:.*\n)*? +T\.atomic_add\(elem\(dQ.*\n"
+                     r"(?: +else:\n(?:.*\n)*? +T\.atomic_add\(elem\(dQ.*\n)", re.M)
 NEVER = """\
                 if lse_shared[0] == 1234567.0:  # never: the dQ GEMM stays, its atomics are skipped
                     for i, j in T.Parallel(block_n, dim):
@@ -147,9 +142,13 @@ def edited_source(package, variant):
         if count != 1:
             raise RuntimeError(f"{path}: _dq_layout's text changed; update bwd_ablations.py")
     for old, new in EDITS[variant]:
-        if source.count(old) != 1:
+        if isinstance(old, re.Pattern):
+            source, count = old.subn(lambda m: new, source)
+        else:
+            count = source.count(old)
+            source = source.replace(old, new)
+        if count != 1:
             raise RuntimeError(f"{path}: the bwd kernel's text changed; update bwd_ablations.py")
-        source = source.replace(old, new)
     return source
 
 
