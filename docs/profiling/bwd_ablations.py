@@ -96,11 +96,13 @@ BULK = [
                 T.sync_threads(5, threads)
                 if tx == 0:
                     for t in T.serial(block_n // DQ_TILE):
-                        T.call_extern(
-                            "handle", "tl::tma_store_add",
-                            T.address_of(dq_staged[t * DQ_TILE, 0]),
-                            T.address_of(elem(dQ, bz, h, k * block_n + t * DQ_TILE, 0)),
-                            DQ_TILE * dim * 4)
+                        # The last query block's tiles past the accumulator's rows hold no query.
+                        if k * block_n + t * DQ_TILE < dQ.shape[1 if layout == "bshd" else 2]:
+                            T.call_extern(
+                                "handle", "tl::tma_store_add",
+                                T.address_of(dq_staged[t * DQ_TILE, 0]),
+                                T.address_of(elem(dQ, bz, h, k * block_n + t * DQ_TILE, 0)),
+                                DQ_TILE * dim * 4)
                     T.tma_store_arrive()
 """),
     ("""\
