@@ -17,8 +17,9 @@ postprocess, host included), on the H200:
 - bulk-dq: bwd_ablations' staged bulk reduce of dQ (its preprocess, bwd and postprocess, the dQ
   accumulator's rows padded to a multiple of its tiles).
 
-Each case: the package's CallPlan, and copies of it whose bwd (and, with pairs, postprocess:
-both read the accumulator; the preprocess zeroes it in any order) are replaced. Gradients are
+Each case: the package's CallPlan, and copies of it whose three backward phases are replaced
+(the package's own preprocess and postprocess but for pairs, whose postprocess reads the
+accumulator's layout, and the bwd_ablations variants, which bring all three). Gradients are
 compared first at odd lengths (dQ differs only in the order of fp32 adds; the overlap's dK and
 dV in the order of MMA accumulation), then the backward is timed with the bench's stream_ms,
 package and variants interleaved over 3 rounds, the best of each. VARIANTS="pairs" keeps some.
@@ -77,6 +78,11 @@ def variant_key(case):
     return p, h, kv, d, c, w, dt
 
 
+def edit_of(name):
+    """The bwd_ablations variant a name asks for ("bulk-dq@128x64s2" -> "bulk-dq"), if any."""
+    return name.split("@")[0]
+
+
 def tiling_of(name, package_tiling):
     """The bwd tiling of a variant: the package's, or the one its name gives after "@"
     ("overlap@128x64s2": block_m 128, block_n 64, 2 stages)."""
@@ -101,9 +107,8 @@ def build_variants(cases):
             bwd_factory = S.bwd_overlap if "overlap" in name else calls["bwd"][0]
             (pre_factory, pre_args, pre_tiling), (post_factory, post_args, post_tiling) = (
                 calls["preprocess"], calls["postprocess"])
-            edit = name.split("@")[0]
-            if edit in EDITS:  # the edited module's three backward phases
-                E = edited_kernels(PACKAGE_DIRS[p], edit)
+            if edit_of(name) in EDITS:  # the edited module's three backward phases
+                E = edited_kernels(PACKAGE_DIRS[p], edit_of(name))
                 bwd_factory, pre_factory, post_factory = (
                     getattr(E, f.func.__name__) for f in (bwd_factory, pre_factory, post_factory))
             K._dq_layout = S._dq_layout = pairs_layout if "pairs" in name else shipped
@@ -132,7 +137,7 @@ def plans(case, q, k):
     for name in VARIANTS:
         variant = variants[name] = copy.copy(plan)
         variant.preprocess, variant.bwd, variant.postprocess = BUILT[variant_key(case) + (name,)]
-        if name.split("@")[0] == "bulk-dq":
+        if edit_of(name) == "bulk-dq":
             # Whole tiles of dQ rows (bshd: rows are dim 1). lse and Delta keep the package's
             # padding: each buffer's padded rows are a symbol of their own in the kernels, and
             # TMA zero-fills the rows of lse and Delta past theirs.
@@ -161,7 +166,7 @@ for case in ODD:
     o, lse = A.run_forward(q, k, v, *sinks, c, w or None, "bshd", d ** -0.5, plan=plan)
     ref = backward(p, plan, reds, q, k, v, sinks, o, lse, do, c, w, d)
     for name, variant in variants.items():
-        if name.split("@")[0] in ABLATIONS:
+        if edit_of(name) in ABLATIONS:
             continue  # wrong by design: timed only
         got = backward(p, variant, reds, q, k, v, sinks, o, lse, do, c, w, d)
         diffs = [(x.float() - y.float()).abs().max().item() for x, y in zip(got, ref)]
