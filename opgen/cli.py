@@ -204,6 +204,7 @@ def build(
 ) -> None:
     """Validate specs, render generated/<name>/ (or DIR/<name>/), format with black,
     compile-check every kernel."""
+    from opgen.compile_cache import check_record
     from opgen.output import ownership_problem, write
 
     with user_errors():
@@ -232,7 +233,8 @@ def build(
                     rows[gen.spec_path][1:3] = ["0 (compile failed)", "-"]
                     continue
                 result = write(gen, Path.cwd(), compile_checked=checked is not None,
-                               compiled_with=checked.toolchain.record() if checked else None,
+                               compiled_with=(check_record(checked.toolchain, gen.plan.compile_jobs)
+                                              if checked else None),
                                force=force)
                 rows[gen.spec_path][1:3] = [str(result.written), str(result.unchanged)]
                 done.append(gen.out_dir.as_posix())
@@ -302,7 +304,7 @@ class CompileCheck:
 def _compile(generated: list[Generated], rows: dict[str, list[str]], jobs: Optional[int],
              use_cache: bool) -> CompileCheck:
     from opgen.compile import CompileResult
-    from opgen.compile_cache import ResultCache, job_key, toolchain
+    from opgen.compile_cache import ResultCache, check_record, job_key, toolchain
     from opgen.output import recorded_compile_check
 
     tools = toolchain()
@@ -313,7 +315,8 @@ def _compile(generated: list[Generated], rows: dict[str, list[str]], jobs: Optio
     # A package whose manifest records a pass of these very kernels with this toolchain needs
     # no compile (a fresh clone builds in seconds); other jobs may have a pass in the cache.
     recorded = {gen.spec_path for gen in generated
-                if use_cache and recorded_compile_check(gen, Path.cwd()) == tools.record()}
+                if use_cache and recorded_compile_check(gen, Path.cwd())
+                == check_record(tools, gen.plan.compile_jobs)}
     known: dict[tuple[str, int], CompileResult] = {}
     for gen, i, job in jobs_of:
         if gen.spec_path in recorded:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from opgen.compile import TARGET, CompileResult
 from opgen.plan import SM90_SMEM_LIMIT, CompileJob
@@ -73,6 +73,21 @@ def nvcc_version() -> str:
     if release and build:
         return f"{release.group(1)} {build.group(1)}"
     return " ".join(text.split()) or "not found"
+
+
+def jobs_digest(jobs: Iterable[CompileJob]) -> str:
+    """A digest of the kernel instances a check compiles (each job's factory, arguments and
+    tiling; the label only names it) and of the check's own rules."""
+    identity = {"check": [CHECK_VERSION, SM90_SMEM_LIMIT],
+                "jobs": [[job.factory, list(job.args), job.tiling] for job in jobs]}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def check_record(tools: Toolchain, jobs: Iterable[CompileJob]) -> dict[str, str]:
+    """What a package's manifest records beside a passing compile check (`compiled_with`): the
+    toolchain and the digest of the jobs checked. A build takes the record for a pass only where
+    both match: a new job over an unchanged kernels.py (a new bench shape) is compiled."""
+    return {**tools.record(), "jobs": jobs_digest(jobs)}
 
 
 def job_key(kernels_py: str, job: CompileJob, tools: Toolchain) -> str:

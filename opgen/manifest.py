@@ -5,7 +5,7 @@ Rendering and reading live here together, so the format has one definition. `opg
 file hashes to tell a hand edit (the file no longer matches what opgen wrote) from a stale file (the
 spec or opgen changed), and `opgen build` uses the spec path to refuse replacing a package another
 spec owns. A build skips the compile check of kernels whose manifest records a pass of the same
-kernels.py with the same toolchain (`compiled_with`).
+kernels.py and the same jobs with the same toolchain (`compiled_with`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ class Manifest:
     spec_sha256: str
     files: dict[str, str]  # file inside the package -> sha256 of its bytes
     compile_checked: bool  # every kernel was lowered and compiled when these files were written
-    # The toolchain of that check (tilelang, nvcc, target: opgen.compile_cache.Toolchain); None when
-    # not checked or checked by a build that did not record it.
+    # The toolchain of that check (tilelang, nvcc, target: opgen.compile_cache.Toolchain) and the
+    # digest of its jobs ("jobs": opgen.compile_cache.check_record); None when not checked or
+    # checked by a build that did not record it.
     compiled_with: dict[str, str] | None = None
 
 
@@ -75,7 +76,7 @@ def parse_manifest(raw: bytes) -> Manifest:
     if tools is not None and not (isinstance(tools, dict) and all(
         isinstance(k, str) and isinstance(v, str) for k, v in tools.items()
     )):
-        raise ManifestError(f"'compiled_with' must map tool names to versions (got {_short(tools)})")
+        raise ManifestError(f"'compiled_with' must map names to strings (got {_short(tools)})")
     return Manifest(generator, data["spec"], data["spec_sha256"], dict(files), compiled,
                     dict(tools) if compiled and tools else None)
 

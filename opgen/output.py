@@ -132,20 +132,24 @@ def _owner_problem(gen: Generated, target: Path, current: dict[str, bytes]) -> s
 def _earlier_compile_check(current: dict[str, bytes], gen: Generated) -> Manifest | None:
     """The manifest of an earlier build whose compile check still holds: the code of kernels.py
     the same (its header, which names the spec and its hash, is no part of what compiled; the
-    compile cache ignores it too), and kernels.py as that build wrote it (no hand edit)."""
+    compile cache ignores it too), kernels.py as that build wrote it (no hand edit), and the same
+    jobs checked (a new bench shape is a kernel instance no check has compiled)."""
+    from opgen.compile_cache import jobs_digest
+
     manifest = _parse_or_none(current.get(MANIFEST))
     kernels = gen.files.get("kernels.py")
     on_disk = current.get("kernels.py")
     if (manifest and manifest.compile_checked and kernels is not None and on_disk is not None
             and manifest.files.get("kernels.py") == sha256(on_disk)
-            and without_header(on_disk.decode("utf-8", "replace")) == without_header(kernels)):
+            and without_header(on_disk.decode("utf-8", "replace")) == without_header(kernels)
+            and (manifest.compiled_with or {}).get("jobs") == jobs_digest(gen.plan.compile_jobs)):
         return manifest
     return None
 
 
 def recorded_compile_check(gen: Generated, root: Path) -> dict[str, str] | None:
-    """The toolchain with which the package on disk records a passing compile check of exactly
-    gen's kernels.py (by its hash in the manifest), or None."""
+    """What the package on disk records beside a passing compile check of exactly gen's kernels.py
+    (by its hash in the manifest): the toolchain and the jobs' digest (check_record); or None."""
     manifest = _parse_or_none(_read_or_none(root / gen.out_dir / MANIFEST))
     kernels = gen.files.get("kernels.py")
     if (manifest and manifest.compile_checked and kernels is not None
