@@ -18,6 +18,7 @@ import pytest
 from conftest import REPO_ROOT
 
 from opgen import output
+from opgen.compile_cache import check_record, toolchain
 from opgen.manifest import MANIFEST, parse_manifest
 from opgen.output import leftovers, read_tree, write
 from opgen.render import generate, without_header
@@ -38,6 +39,13 @@ def rmsnorm_spec(project: Path, name: str = "norm", path: str = "specs/norm.toml
     spec.parent.mkdir(parents=True, exist_ok=True)
     spec.write_text(text, encoding="utf-8")
     return spec
+
+
+def passed_check(gen) -> dict:
+    """write()'s arguments for a package whose kernels passed the compile check, as a build
+    records it."""
+    return {"compile_checked": True,
+            "compiled_with": check_record(toolchain(), gen.plan.compile_jobs)}
 
 
 @pytest.fixture(scope="module")
@@ -340,7 +348,7 @@ def test_check_require_compiled(built, cli, versions):
     assert "generated/norm/: not compile-checked (built with --no-compile" in result.stdout
 
     gen = generate(Path("specs/norm.toml"))
-    write(gen, built, compile_checked=True)
+    write(gen, built, **passed_check(gen))
     assert cli("check", "--require-compiled").exit_code == 0
     assert cli("build", "--no-compile").exit_code == 0
     assert cli("check", "--require-compiled").exit_code == 0
@@ -353,7 +361,8 @@ def test_check_require_compiled(built, cli, versions):
 def test_a_header_only_change_of_kernels_keeps_the_compile_record(built, cli, versions):
     """A spec edit that changes only the headers (the spec hash) keeps kernels.py's code: a
     --no-compile build keeps the record of its compile check, as the compile cache would."""
-    write(generate(Path("specs/norm.toml")), built, compile_checked=True)
+    gen = generate(Path("specs/norm.toml"))
+    write(gen, built, **passed_check(gen))
     kernels = built / "generated/norm/kernels.py"
     code_before = without_header(kernels.read_text())
     spec = built / "specs/norm.toml"
