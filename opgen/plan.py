@@ -468,6 +468,10 @@ def bytes_bench_fields(bench: Any, weight_dtype_choice: str,
 # SIGMOID cases, written in the test templates): the compile jobs of the tested variants cover
 # both too.
 TESTED_SAVES = (False, True)
+# A call that no backward follows (torch.no_grad, inference_mode, frozen inputs) saves nothing:
+# the forward without the auxiliary tensor, and no backward (no reduction). As (saves, reductions)
+# of saved_aux_jobs.
+NO_GRAD_CHOICE = ((False,), ())
 
 
 def saved_aux_jobs(kernels: dict[str, KernelPlan], args: tuple, saves: tuple[bool, ...],

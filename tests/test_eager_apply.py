@@ -108,3 +108,49 @@ def test_eager_path_without_a_bias_and_in_the_rowwise_family(monkeypatch):
     assert not calls and y.shape == (0, 8) and y.grad_fn is None
     y = rms.apply_op(x, w, True, rms.DW_REDUCTION)
     assert len(calls) == 1 and type(y.grad_fn).__name__ == "EagerFunctionBackward"
+
+
+# The packages whose forward may save a tensor for the backward, and their empty inputs.
+SAVING = {
+    "rmsnorm": lambda: (torch.randn(0, 8), torch.randn(8)),
+    "scaled_silu": lambda: (torch.randn(0, 8), torch.randn(())),
+    "swiglu": lambda: (torch.randn(0, 8), torch.randn(0, 8)),
+}
+
+
+@pytest.mark.parametrize("package", SAVING)
+@pytest.mark.parametrize("route", ["eager", "custom op"])
+@pytest.mark.parametrize("grad_mode, needs, saves", [
+    ("no_grad", True, False),
+    ("inference_mode", True, False),
+    ("enabled", False, False),  # frozen inputs
+    ("enabled", True, True),
+])
+def test_a_call_no_backward_follows_saves_nothing(monkeypatch, package, route, grad_mode, needs,
+                                                  saves):
+    """What the spec saves serves the backward alone: the forward of a call that no backward
+    follows is asked not to save it (one tensor fewer written), on either route."""
+    autograd = import_generated(package, "autograd")
+    seen = []
+
+    def flag(args):
+        seen.append([a for a in args if isinstance(a, bool)])
+
+    if route == "eager":
+        _routed(monkeypatch, autograd)
+        forward = autograd.EagerFunction.forward
+        monkeypatch.setattr(autograd.EagerFunction, "forward",
+                            staticmethod(lambda ctx, *a: flag(a) or forward(ctx, *a)))
+    else:
+        op = autograd.forward_op
+        monkeypatch.setattr(autograd, "forward_op", lambda *a: flag(a) or op(*a))
+    inputs = [t.requires_grad_(needs) for t in SAVING[package]()]
+    mode = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
+            "enabled": torch.enable_grad}[grad_mode]
+    with mode():
+        y = autograd.apply_op(*inputs, True, *(() if package == "swiglu" else ("split",)))
+    assert seen == [[saves]]
+    assert y.shape == inputs[0].shape and y.requires_grad == saves
+    if saves:
+        y.sum().backward()
+        assert all(t.grad is not None for t in inputs)

@@ -295,12 +295,14 @@ def test_plan_compile_jobs(project):
     p = plan_of(project)
     labels = [j.label for j in p.compile_jobs]
     # Per dtype: fwd x {recompute, save}, bwd x {recompute, save} x {atomic, split}; + a pair
-    # per bench shape (C 4096, 8192, 1024); + the pair at C = max_channels.
-    assert len(labels) == 2 * (2 + 4) + 3 * 2 + 2
+    # per bench shape (C 4096, 8192, 1024) and its fwd without rstd (a call under no_grad); + the
+    # pair at C = max_channels.
+    assert len(labels) == 2 * (2 + 4) + 3 * 3 + 2
     assert "bwd bfloat16 C=77 rstd=save dw=split" in labels
-    assert labels[-8:-6] + labels[-2:] == [
+    assert labels[-11:-8] + labels[-2:] == [
         "fwd bfloat16 C=4096 rstd=save (bench)",
         "bwd bfloat16 C=4096 rstd=save dw=atomic (bench)",
+        "fwd bfloat16 C=4096 rstd=recompute (bench, no grad)",
         "fwd float16 C=16384 rstd=save (max_channels)",
         "bwd float16 C=16384 rstd=save dw=atomic (max_channels)"]
     fwd = p.compile_jobs[0]  # the row count is symbolic: not an argument

@@ -169,6 +169,12 @@ def test_plan_compile_jobs(project):
     # At a C of whole 16-byte units b (and db in dx) starts aligned: in place, row stride 2C.
     aligned = FUSED + "[test]\nshapes = [[3, 333, 80]]\n"
     assert plan_of(project, aligned).compile_jobs[1].args == (80, 160, 160, 160, 160, "float16", False)
+    # A spec that saves sigmoid(a): each bench shape's forward without it too (a call under
+    # no_grad saves nothing), and no backward of that choice.
+    saving = [j.label for j in plan_of(project, MINIMAL + '[saved]\nsigmoid = "save"\n').compile_jobs]
+    assert saving[-3:] == ["fwd bfloat16 C=14336 sigmoid=save contiguous (bench)",
+                           "bwd bfloat16 C=14336 sigmoid=save contiguous (bench)",
+                           "fwd bfloat16 C=14336 sigmoid=recompute contiguous (bench, no grad)"]
     assert [j.args for j in plan_of(project, MINIMAL + "[test]\nshapes = [[3, 333, 80]]\n").compile_jobs
             if "halves" in j.label][1] == (80, 160, 160, 80, 80, "float16", False)
 

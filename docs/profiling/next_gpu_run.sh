@@ -3,8 +3,8 @@
 # start takes 1-3 of the session's 30 minutes; it is given back 30 s after a call ends, so have
 # the next call ready; carry .gpu, built with `../shared/tools/gpu-bundle
 # flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof, from `bash next_gpu_run.sh prep`).
-# Session 27 ran session 26's list (runs 120-122) and the model steps (runs 123-124). Left for the
-# next, in this order:
+# Session 27 ran session 26's list (runs 120-122) and the model steps (runs 123-124); session 28
+# had no GPU. Left for the next, in this order:
 #   0. What the attention backward's dQ path costs, and a candidate that cuts it (session 27,
 #      CPU-checked: every variant lowers and compiles for MHA, GQA and sinks, 168 registers, no
 #      spills): `VARIANTS="no-dq-atomics,no-dq,bulk-dq" timeout 500 python
@@ -22,6 +22,11 @@
 #   2. linear_attention's host rows: `timeout 500 python -m
 #      generated.linear_attention.bench_linear_attention --overhead` (run 122's 200 s ran out in
 #      flash-linear-attention's Triton autotuning at the tiny shape).
+#   3. rmsnorm's forward under no_grad without rstd (session 28: a call that no backward follows
+#      saves nothing; CPU-checked routing, never run): `bash docs/profiling/next_gpu_run.sh tests
+#      rmsnorm rmsnorm_tuned` (test_forward_without_gradients_is_the_training_forward compares
+#      it bit for bit with the training forward) and `python -m generated.rmsnorm.bench_rmsnorm
+#      --overhead` (the eval fwd row against run 122's 20.5 us, eager 13.6).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift

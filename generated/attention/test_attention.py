@@ -468,8 +468,8 @@ def test_cuda_graph_replays_forward_and_backward():
 @requires_cuda
 def test_forward_without_gradients_is_the_training_forward():
     """Where no input needs a gradient (torch.no_grad, inference_mode, frozen inputs) the eager
-    path runs EagerFunction.forward alone: the same output, bit for bit, as with gradients on,
-    and no graph."""
+    path runs EagerFunction.forward alone, saving nothing for a backward: the same output, bit
+    for bit, as with gradients on, and no graph."""
     fn, inputs, grad_out, dtype = compile_case()
     trained = fn(*inputs.values())
     assert trained.grad_fn is not None

@@ -24,10 +24,11 @@ from typing import Annotated, Any, Literal, Mapping
 from pydantic import Field
 
 from opgen.families.contract import Family, scaffold
-from opgen.plan import (DTYPE_BYTES, SM90_SMEM_LIMIT, TESTED_SAVES, CompileJob, SavedAuxPlan,
-                        ShapeCase, SourceInfo, Table, bytes_moved_table, ceildiv, distinct_jobs, explain_tables, format_bytes,
-                        kernel_plan, not_positive, refuse_shape, saved_aux_fields, saved_aux_jobs,
-                        tuned_tables, weight_dtype, weight_grads_table, weighted_bytes_moved)
+from opgen.plan import (DTYPE_BYTES, NO_GRAD_CHOICE, SM90_SMEM_LIMIT, TESTED_SAVES, CompileJob,
+                        SavedAuxPlan, ShapeCase, SourceInfo, Table, bytes_moved_table, ceildiv,
+                        distinct_jobs, explain_tables, format_bytes, kernel_plan, not_positive,
+                        refuse_shape, saved_aux_fields, saved_aux_jobs, tuned_tables, weight_dtype,
+                        weight_grads_table, weighted_bytes_moved)
 from opgen.spec import (BenchSection, Block, MatrixShape, PositiveInt, RowBlock, StrictModel,
                         TensorShape, TestSection, Threads, WeightGrads, family_spec, shapes_of,
                         too_few_elements, too_many_elements, untested_tail)
@@ -362,7 +363,8 @@ def _tuned_test_cases(spec: Spec, tuned: dict[str, dict[int, dict[str, int]]]
 def _compile_jobs(spec, kernels, tuned, tail_case, test_reductions) -> tuple[CompileJob, ...]:
     """Every kernel variant the package launches, at the tail shape's C: per dtype, fwd with and
     without the saved rstd, bwd for each of those and each dw reduction the tests run; then the
-    benchmark's C with the spec's choices; then the spec's choices at C = max_channels (the most
+    benchmark's C with the spec's choices, and its forward without rstd (a call no backward
+    follows saves nothing); then the spec's choices at C = max_channels (the most
     shared memory the op ever asks for); then each tuned C at the first dtype with every saved
     and reduction choice the tests run. The row count is symbolic: a variant is its C (and the
     tiling it runs with there)."""
@@ -382,6 +384,7 @@ def _compile_jobs(spec, kernels, tuned, tail_case, test_reductions) -> tuple[Com
     spec_choice = ((save_default,), (spec.grads.dw.reduction,))
     for shape in spec.bench.shapes:
         jobs += jobs_for(shape.channels, spec.bench.dtype, *spec_choice, " (bench)")
+        jobs += jobs_for(shape.channels, spec.bench.dtype, *NO_GRAD_CHOICE, " (bench, no grad)")
     jobs += jobs_for(spec.rmsnorm.max_channels, spec.dtypes[0], *spec_choice, " (max_channels)")
     for channels in sorted({c for table in tuned.values() for c in table}):
         jobs += jobs_for(channels, spec.dtypes[0], TESTED_SAVES, test_reductions, " (tuned)")

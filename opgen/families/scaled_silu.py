@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from opgen.families.contract import Family, scaffold
-from opgen.plan import (DTYPE_BYTES, TESTED_SAVES, CompileJob, SavedAuxPlan, SourceInfo, Table,
-                        bytes_moved_table, ceildiv, distinct_jobs, explain_tables, kernel_plan,
-                        not_positive, refuse_shape, saved_aux_fields, saved_aux_jobs,
-                        weight_dtype, weight_grads_table, weighted_bytes_moved)
+from opgen.plan import (DTYPE_BYTES, NO_GRAD_CHOICE, TESTED_SAVES, CompileJob, SavedAuxPlan,
+                        SourceInfo, Table, bytes_moved_table, ceildiv, distinct_jobs,
+                        explain_tables, kernel_plan, not_positive, refuse_shape, saved_aux_fields,
+                        saved_aux_jobs, weight_dtype, weight_grads_table, weighted_bytes_moved)
 from opgen.spec import (BenchSection, Block, MatrixShape, SavedSigmoid, StrictModel, TensorShape,
                         TestSection, Threads, WeightGrads, family_spec, shapes_of, too_few_elements,
                         too_many_elements, untested_tail)
@@ -258,7 +258,8 @@ def _has_tail(spec: Spec, shape: tuple[int, ...]) -> bool:
 def _compile_jobs(spec, kernels, tail_case, test_reductions) -> tuple[CompileJob, ...]:
     """Every kernel variant the package launches: per dtype, fwd with and without the saved
     sigmoid, bwd for each of those and each dw reduction the tests run; then the benchmark's with
-    the spec's choices; then the spec's choices with int64 dims (a view too long for int32). The
+    the spec's choices, and its forward without the saved sigmoid (a call no backward follows
+    saves nothing); then the spec's choices with int64 dims (a view too long for int32). The
     element count (scalar weight) or row count (channel weight) is symbolic: a variant is its C
     with a channel weight (the tail shape's, the benchmark's), nothing of the shape with a scalar
     one (the benchmark's jobs are then the tests')."""
@@ -281,6 +282,8 @@ def _compile_jobs(spec, kernels, tail_case, test_reductions) -> tuple[CompileJob
     for shape in spec.bench.shapes:
         jobs += jobs_for(channels((shape.rows, shape.channels)), "int32", spec.bench.dtype,
                          *spec_choice, " (bench)")
+        jobs += jobs_for(channels((shape.rows, shape.channels)), "int32", spec.bench.dtype,
+                         *NO_GRAD_CHOICE, " (bench, no grad)")
     jobs += jobs_for(channels(tail_case.shape), "int64", spec.dtypes[0], *spec_choice,
                      " (int64 dims)")
     return distinct_jobs(jobs)

@@ -199,20 +199,22 @@ def _compile_jobs(spec, kernels, tail_case, fused) -> tuple[CompileJob, ...]:
     """Every kernel variant the package launches at the tail shape, per dtype and saved.sigmoid:
     contiguous a and b (pair form), and the halves of a [rows, 2C] tensor (the fused form's x; in
     the pair form, a and b as views of one such tensor). Then the benchmark's shapes with the
-    spec's choices. The row count is symbolic: a variant is its C and the row strides of a, b, da
+    spec's choices, and their forward without sigmoid(a). The row count is symbolic: a variant is its C and the row strides of a, b, da
     and db, the same at every row count (one row included: autograd.py's as_matrix gives it the
     dense stride C, and the fused form's halves keep x's)."""
     fwd, bwd = kernels["fwd"], kernels["bwd"]
 
-    def jobs_for(cols, dtype, saves, layouts, tag):
+    def jobs_for(cols, dtype, saves, layouts, tag, backward=True):
         for save in saves:
             sig = "save" if save else "recompute"
             for (a_stride, b_stride, da_stride, db_stride), what in layouts:
                 size = f"{dtype} C={cols} sigmoid={sig} {what}{tag}"
                 yield CompileJob(fwd.factory, (cols, a_stride, b_stride, dtype, save),
                                  fwd.tiling, f"fwd {size}")
-                yield CompileJob(bwd.factory, (cols, a_stride, b_stride, da_stride, db_stride,
-                                               dtype, save), bwd.tiling, f"bwd {size}")
+                if backward:
+                    yield CompileJob(bwd.factory, (cols, a_stride, b_stride, da_stride,
+                                                   db_stride, dtype, save), bwd.tiling,
+                                     f"bwd {size}")
 
     def halves(cols, dtype):
         """Row strides of a = x[:, :C] and b = x[:, C:] of an x [rows, 2C], and of da and db: a in
@@ -233,6 +235,8 @@ def _compile_jobs(spec, kernels, tail_case, fused) -> tuple[CompileJob, ...]:
         c, dtype = shape.channels, spec.bench.dtype
         bench_layout = (halves(c, dtype), "fused") if fused else ((c,) * 4, "contiguous")
         jobs += jobs_for(c, dtype, (spec.saved.sigmoid == "save",), (bench_layout,), " (bench)")
+        # A call that no backward follows saves nothing: the forward without sigmoid(a).
+        jobs += jobs_for(c, dtype, (False,), (bench_layout,), " (bench, no grad)", backward=False)
     return distinct_jobs(jobs)
 
 

@@ -520,9 +520,13 @@ NO_GRAD = NoGradContext()
 
 def apply_op(x, w, save_rstd, dw_reduction):
     """y by the formula above for any variant, without the input checks of rmsnorm_tuned()."""
+    training = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+    # rstd serves the backward alone: a call that no backward follows (torch.no_grad,
+    # inference_mode, frozen inputs) writes none.
+    save_rstd = save_rstd and training
     if eager(x):
         args = (live(x), live(w), save_rstd, dw_reduction)
-        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        if training:
             return EAGER_APPLY(*args)
         return EagerFunction.forward(NO_GRAD, *args)
     return forward_op(x, w, save_rstd, dw_reduction)[0]

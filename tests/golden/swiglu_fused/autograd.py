@@ -472,9 +472,13 @@ NO_GRAD = NoGradContext()
 
 def apply_op(x, save_sigmoid):
     """y by the formula above for either saved.sigmoid, without the input checks of swiglu_fused()."""
+    training = torch.is_grad_enabled() and (x.requires_grad)
+    # sigmoid(a) serves the backward alone: a call that no backward follows (torch.no_grad,
+    # inference_mode, frozen inputs) writes none.
+    save_sigmoid = save_sigmoid and training
     if eager(x):
         args = (live(x), save_sigmoid)
-        if torch.is_grad_enabled() and (x.requires_grad):
+        if training:
             return EAGER_APPLY(*args)
         return EagerFunction.forward(NO_GRAD, *args)
     return forward_op(x, save_sigmoid)[0]
