@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from opgen.compile_cache import jobs_digest
 from opgen.errors import OpgenError
 from opgen.manifest import MANIFEST, Manifest, ManifestError, parse_manifest, sha256
 from opgen.render import OUT_ROOT, SPEC_FILE, Generated, without_header
@@ -134,8 +135,6 @@ def _earlier_compile_check(current: dict[str, bytes], gen: Generated) -> Manifes
     the same (its header, which names the spec and its hash, is no part of what compiled; the
     compile cache ignores it too), kernels.py as that build wrote it (no hand edit), and the same
     jobs checked (a new bench shape is a kernel instance no check has compiled)."""
-    from opgen.compile_cache import jobs_digest
-
     manifest = _parse_or_none(current.get(MANIFEST))
     kernels = gen.files.get("kernels.py")
     on_disk = current.get("kernels.py")

@@ -199,9 +199,9 @@ def _compile_jobs(spec, kernels, tail_case, fused) -> tuple[CompileJob, ...]:
     """Every kernel variant the package launches at the tail shape, per dtype and saved.sigmoid:
     contiguous a and b (pair form), and the halves of a [rows, 2C] tensor (the fused form's x; in
     the pair form, a and b as views of one such tensor). Then the benchmark's shapes with the
-    spec's choices, and their forward without sigmoid(a). The row count is symbolic: a variant is its C and the row strides of a, b, da
-    and db, the same at every row count (one row included: autograd.py's as_matrix gives it the
-    dense stride C, and the fused form's halves keep x's)."""
+    spec's choices, and their forward without sigmoid(a). The row count is symbolic: a variant is
+    its C and the row strides of a, b, da and db, the same at every row count (one row included:
+    autograd.py's as_matrix gives it the dense stride C, and the fused form's halves keep x's)."""
     fwd, bwd = kernels["fwd"], kernels["bwd"]
 
     def jobs_for(cols, dtype, saves, layouts, tag, backward=True):
