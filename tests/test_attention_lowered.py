@@ -123,3 +123,20 @@ def test_three_consumer_warpgroups_get_160_registers_without_a_warning(capfd):
     two = lower(gqa.gqa_fwd, args, {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2,
                                     "overlap": True})
     assert "warpgroup_reg_alloc<240>" in two and "warpgroup_reg_dealloc<24>" in two
+
+
+def test_two_blocks_an_sm_launch_at_128_registers_and_split_them_232_24():
+    """blocks_per_sm = 2 (one consumer warpgroup): the forward's and the backward's kernels launch
+    as two blocks an SM (__launch_bounds__(256, 2): 128 registers a thread) and hand 232 to the
+    consumers and 24 to the producer (2 x 128 a thread in all). Without it the same tiling
+    launches one block an SM, at TileLang's 240 / 24."""
+    gqa = import_generated("gqa", "kernels")
+    fwd_args = (32, 8, 64, True, 0, "bshd", "bfloat16", 0.125)
+    tiling = {"block_m": 64, "block_n": 64, "threads": 128, "num_stages": 2}
+    for factory, args in ((gqa.gqa_fwd, fwd_args), (gqa.gqa_bwd, (*fwd_args, "in_block", "in_block"))):
+        two = lower(factory, args, {**tiling, "blocks_per_sm": 2})
+        assert two.startswith("__launch_bounds__(256, 2)"), two[:40]
+        assert "warpgroup_reg_alloc<232>" in two and "warpgroup_reg_dealloc<24>" in two
+        one = lower(factory, args, tiling)
+        assert one.startswith("__launch_bounds__(256, 1)"), one[:40]
+        assert "warpgroup_reg_alloc<240>" in one and "warpgroup_reg_dealloc<24>" in one

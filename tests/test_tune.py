@@ -50,7 +50,8 @@ def test_tuned_table_parses_and_plans():
     assert plan.tuned["fwd"] == {
         (64, False): {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2,
                       "overlap": True},
-        (128, True): {"block_m": 128, "block_n": 32, "threads": 256, "num_stages": 2},
+        (128, True): {"block_m": 64, "block_n": 32, "threads": 128, "num_stages": 2,
+                      "blocks_per_sm": 2},
     }
     assert list(plan.tuned["bwd"]) == [(64, False)]
     assert plan.tiling_for("fwd", 128, False) == plan.kernels["fwd"].tiling

@@ -9,7 +9,7 @@ of the backward's time its dQ path costs.
   a step per block at D128 128x64) bound it.
 - no-dq: dS's shared-memory store, the dQ GEMM and the atomics all cut: the whole dQ path.
 
-And candidates, right by construction (the probes check their outputs):
+And one candidate, right by construction (the probe checks its gradients):
 
 - bulk-dq: each step's dQ tile staged in shared memory (fp32, each row's 16-byte chunks
   swizzled) and added into the accumulator by one bulk reduce (`cp.reduce.async.bulk ...
@@ -20,9 +20,6 @@ And candidates, right by construction (the probes check their outputs):
   of DQ_TILE (lse and Delta keep theirs: each buffer's padded rows are a symbol of its own). The
   padding rows take zeros from masked queries, and the postprocess never reads them. Run 55 tried
   TileLang's own TMA reduce (`use_tma=True`), which waits for each read at once: 3-7% slower.
-
-- two-blocks: two blocks an SM where a block has one consumer warpgroup (see TWO_BLOCKS); it
-  edits the forward's kernels too (two_blocks_probe.py times both phases).
 
     from bwd_ablations import edited_kernels
     K = edited_kernels("attention", "no-dq-atomics")   # K.attention_bwd: the ablated factory
@@ -135,40 +132,7 @@ BULK += [
                     T.buffer_store(dQ, zeros[i, j], _indexers(layout)[2](bz, by, bx * block_m + i, j))
 """),
 ]
-# Two blocks an SM where a block has one consumer warpgroup (threads 128): 256 threads a block
-# (TileLang adds its producer warpgroup) at 128 registers each at launch, which setmaxnreg shares
-# out as 232 for the consumers and 24 for the producer (a block's own registers: 232 + 24 = 2 x
-# 128). Without the annotation such a block launches at 240 registers a thread and has the SM to
-# itself, and its one consumer warpgroup leaves the tensor cores idle while it waits on its own
-# WGMMAs; with it the two blocks' warpgroups run out of step, each issuing while the other waits,
-# and one block's prologue and epilogue overlap the other's loop. The forward's kernels take it
-# through split_registers(), which each of them calls first; the backward at its start.
-TWO_BLOCKS_REGISTERS = """\
-            T.annotate_min_blocks_per_sm(2)
-            T.annotate_producer_reg_dealloc(24)
-            T.annotate_consumer_reg_alloc(232)
-"""
-TWO_BLOCKS = [
-    ("""\
-        if threads == 3 * 128:
-            T.annotate_producer_reg_dealloc(24)
-            T.annotate_consumer_reg_alloc(160)
-""", """\
-        if threads == 3 * 128:
-            T.annotate_producer_reg_dealloc(24)
-            T.annotate_consumer_reg_alloc(160)
-        if threads == 128:
-""" + TWO_BLOCKS_REGISTERS),
-    ("""\
-        ) as (by, bx, bz):
-            K_shared = T.alloc_shared([block_m, dim], dtype)
-""", """\
-        ) as (by, bx, bz):
-""" + TWO_BLOCKS_REGISTERS + """\
-            K_shared = T.alloc_shared([block_m, dim], dtype)
-"""),
-]
-EDITS = {**ABLATIONS, "bulk-dq": BULK, "two-blocks": TWO_BLOCKS}
+EDITS = {**ABLATIONS, "bulk-dq": BULK}
 
 
 def edited_source(package, variant):

@@ -16,12 +16,15 @@
 #      the probe finds it right and faster, `git checkout bulk-dq`, then `bash
 #      docs/profiling/next_gpu_run.sh tests attention gqa attention_sink` (two calls with a cold
 #      cache) and the three benches against run 105, and merge.
-#   0b. Two blocks an SM (session 28, CPU-checked: every variant kernel lowers and compiles with
-#      __launch_bounds__(256, 2), registers 24 / 232 by setmaxnreg, 128 at launch, no spills):
-#      `timeout 540 python docs/profiling/two_blocks_probe.py` (fwd and bwd at 64-row tilings on
-#      one consumer warpgroup, two blocks an SM, against the package and cuDNN; outputs checked at
-#      odd lengths first). If a variant beats the package: a `blocks_per_sm` tiling key in the
-#      template (split_registers and the bwd), `opgen tune` searching it, the attention tests.
+#   0b. Two blocks an SM (session 28: the tiling key blocks_per_sm = 2, one consumer warpgroup of
+#      64 rows a block, __launch_bounds__(256, 2), registers 232 / 24 by setmaxnreg; CPU-checked:
+#      every probe kernel compiles at 128 registers a thread with no spills; never run on a GPU):
+#      first `TESTS_TIMEOUT=300 bash docs/profiling/next_gpu_run.sh tests attention_tuned` (the
+#      golden package's D64 causal fwd and bwd run on two blocks an SM: right, and no hang), then
+#      `timeout 540 python docs/profiling/two_blocks_probe.py` (fwd and bwd at 64-row tilings
+#      against the package and cuDNN; outputs checked at odd lengths first). If a variant wins:
+#      `bash docs/profiling/next_gpu_run.sh tune attention gqa attention_sink` (its search space
+#      has the two-block candidates), then tests and benches of the three packages.
 #   1. A transformers GPT-OSS model's training step per attention implementation (never run: the
 #      session's device time ran out): `python -u examples/hf_step.py --json $OUT/hf.json` (eager,
 #      flex_attention, opgen_attention_sink; S 1000 and 2048; ~2-3 min with a cold TileLang cache).

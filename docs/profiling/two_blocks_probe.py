@@ -3,10 +3,10 @@ SDPA's cuDNN, through run_forward / run_backward (host included), on the H200:
 
     timeout 540 python docs/profiling/two_blocks_probe.py
 
-Each variant is the package's own kernel with bwd_ablations' two-blocks edit, at a tiling of one
-consumer warpgroup (threads 128, 64 rows a block) that leaves room for two blocks an SM (shared
-memory under ~113 KB each): `__launch_bounds__(256, 2)`, registers shared out as 232 for the
-consumers and 24 for the producer. Why: the package's blocks (two consumer warpgroups, 128 rows,
+Each variant is the package's own kernel at a tiling of one consumer warpgroup (threads 128, 64
+rows a block) with blocks_per_sm = 2, which leaves room for two blocks an SM (shared memory under
+~113 KB each): `__launch_bounds__(256, 2)`, registers shared out as 232 for the consumers and 24
+for the producer (kernels.py's split_registers). Why: the package's blocks (two consumer warpgroups, 128 rows,
 168 registers a thread) fill an SM's registers alone, so each block's prologue and epilogue run
 exposed (runs 92 and 98: cuDNN's kernels overlap them), and its two warpgroups wait on their
 WGMMAs in step (run 106: 19% of the backward's stall samples). Two blocks run out of step. What
@@ -31,15 +31,13 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bwd_ablations import edited_kernels
 
 from generated.attention import autograd as MHA, kernels as MHA_K, bench_attention as B
 from generated.attention_sink import autograd as SINK, kernels as SINK_K
 from generated.gqa import autograd as GQA, kernels as GQA_K
 
 T0 = time.perf_counter()
-PACKAGES = {"mha": (MHA, MHA_K, "attention"), "gqa": (GQA, GQA_K, "gqa"),
-            "sink": (SINK, SINK_K, "attention_sink")}
+PACKAGES = {"mha": (MHA, MHA_K), "gqa": (GQA, GQA_K), "sink": (SINK, SINK_K)}
 # (package, batch, heads, kv_heads, seq_len, head_dim, causal, dtype, window)
 ODD = [("mha", 2, 16, 16, 333, 128, False, "float16", 0), ("mha", 1, 16, 16, 1000, 64, True, "float16", 0),
        ("gqa", 2, 32, 8, 333, 128, True, "bfloat16", 0), ("sink", 1, 64, 8, 1000, 64, True, "bfloat16", 128),
@@ -58,10 +56,12 @@ if os.environ.get("TILINGS"):
 
 def tiling(name, package_tiling):
     """The package's tiling of a phase with block_m x block_n and stages from name ("64x128s2"),
-    on one consumer warpgroup; a forward's without the overlap (it needs two warpgroups)."""
+    on one consumer warpgroup, two blocks an SM; a forward's without the overlap (it needs two
+    warpgroups)."""
     m, rest = name.split("x")
     n, stages = rest.split("s")
-    out = dict(package_tiling, block_m=int(m), block_n=int(n), threads=128, num_stages=int(stages))
+    out = dict(package_tiling, block_m=int(m), block_n=int(n), threads=128, num_stages=int(stages),
+               blocks_per_sm=2)
     if "overlap" in out:
         out["overlap"] = False
     return out
@@ -80,19 +80,19 @@ def fwd_call(case, name):
     """(factory, args, tiling) of the variant forward a case runs: the paired kernel where the
     package would pair the variant's query blocks."""
     p, b, h, kv, s, d, c, dt, w = case
-    A, K, package = PACKAGES[p]
+    A, K = PACKAGES[p]
     factory, args, own = A.variant_calls(h, kv, d, c, w, "bshd", dt, d ** -0.5, *A.reductions(h, kv))["fwd"]
     t = tiling(name, own)
     if K.pairs_query_blocks(c, w, s, t["block_m"]):
         t = K.paired_tiling(t)
-    return getattr(edited_kernels(package, "two-blocks"), factory.func.__name__), args, t
+    return factory, args, t
 
 
 def bwd_call(case, name):
     p, b, h, kv, s, d, c, dt, w = case
-    A, K, package = PACKAGES[p]
+    A = PACKAGES[p][0]
     factory, args, own = A.variant_calls(h, kv, d, c, w, "bshd", dt, d ** -0.5, *A.reductions(h, kv))["bwd"]
-    return getattr(edited_kernels(package, "two-blocks"), factory.func.__name__), args, tiling(name, own)
+    return factory, args, tiling(name, own)
 
 
 def key_of(factory, args, t):
@@ -150,7 +150,7 @@ def plans(case, q, k):
     """The package's CallPlan, and per phase and tiling name a copy running the variant kernel
     (None where it did not build)."""
     p, b, h, kv, s, d, c, dt, w = case
-    A, K, _ = PACKAGES[p]
+    A, K = PACKAGES[p]
     plan = A.CallPlan(q, k, c, w, "bshd", d ** -0.5, *A.reductions(h, kv))
     variants = {}
     for phase, call in (("fwd", fwd_call), ("bwd", bwd_call)):

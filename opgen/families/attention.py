@@ -70,8 +70,18 @@ def whole_warpgroup_rows(value: int) -> int:
                      "consumer warpgroup)")
 
 
-class FwdTiling(GemmTiling):
-    """The forward's tiling: GemmTiling plus the schedule of its key loop."""
+class AttentionTiling(GemmTiling):
+    """A fwd/bwd tiling: GemmTiling plus how many blocks share an SM."""
+
+    # 2: two blocks of one consumer warpgroup (threads 128) share an SM, their registers split
+    # 232 / 24 between consumers and producer, each in at most half the SM's shared memory: one
+    # block's loads and stores overlap the other's GEMMs. 1: a block has the SM alone (its
+    # registers fill it). Left out of the tiling (and the spec's hash) when 1.
+    blocks_per_sm: Literal[1, 2] = Field(1, exclude_if=lambda v: v == 1)
+
+
+class FwdTiling(AttentionTiling):
+    """The forward's tiling: AttentionTiling plus the schedule of its key loop."""
 
     # Query rows: besides powers of two, three warpgroups of 64 rows (192 on 384 threads: at
     # head_dim 64 the tensor cores wait less on the softmax, GPU run 86: +9-10% without a mask).
@@ -88,7 +98,7 @@ class FwdTiling(GemmTiling):
 # fit both head_dim 64 and 128 in shared memory.
 DEFAULT_TILING = {
     "fwd": FwdTiling(block_m=128, block_n=64, threads=256, num_stages=1),
-    "bwd": GemmTiling(block_m=128, block_n=32, threads=256, num_stages=2),
+    "bwd": AttentionTiling(block_m=128, block_n=32, threads=256, num_stages=2),
     "preprocess": RowTiling(block_m=32, threads=128),
     "postprocess": RowTiling(block_m=64, threads=128),
     "dsinks": RowTiling(block_m=128, threads=128),  # used only with attention.sinks
@@ -166,7 +176,7 @@ DEFAULT_BENCH_SHAPES = (
 # The phases whose tiling [[tiling.tuned]] may set per (head_dim, causal): the GEMM kernels,
 # with the model of each one's tiling table.
 TUNED_PHASES = ("fwd", "bwd")
-PHASE_TILING = {"fwd": FwdTiling, "bwd": GemmTiling}
+PHASE_TILING = {"fwd": FwdTiling, "bwd": AttentionTiling}
 
 
 class TunedTiling(StrictModel):
@@ -176,7 +186,7 @@ class TunedTiling(StrictModel):
     head_dim: HeadDim
     causal: StrictBool
     fwd: FwdTiling | None = None
-    bwd: GemmTiling | None = None
+    bwd: AttentionTiling | None = None
 
 
 def gemm_tilings(spec: "Spec") -> Iterator[GemmTiling]:
@@ -321,17 +331,28 @@ def bench_head_dims_built(spec: Spec):
             )
 
 
+# What each of two blocks an SM may hold of its 228 KB of shared memory (each block reserves 1 KB).
+TWO_BLOCKS_SMEM_LIMIT = (228 - 2) // 2 * 1024
+
+
 def smem_problems(phase: str, tiling: GemmTiling, head_dims, causal: bool = False) -> Iterator[str]:
-    """Why the fwd/bwd kernel of `tiling` does not fit shared memory at one of `head_dims`; with
-    causal, a forward tiling is also the paired causal forward's (smem_bytes)."""
+    """Why the fwd/bwd kernel of `tiling` does not fit shared memory at one of `head_dims` (half
+    an SM's with blocks_per_sm = 2); with causal, a forward tiling is also the paired causal
+    forward's (smem_bytes)."""
     for dim in head_dims:
         kernels = [(smem_bytes(phase, tiling, dim), "")]
         if phase == "fwd" and causal:
             kernels.append((smem_bytes(phase, tiling, dim, paired=True), " (the paired causal forward)"))
         for need, which in kernels:
-            if problem := over_smem_limit(need, f" at head_dim {dim}{which}",
-                                          "block_m, block_n or num_stages"):
+            at = f" at head_dim {dim}{which}"
+            if problem := over_smem_limit(need, at, "block_m, block_n or num_stages"):
                 yield problem
+                break
+            if getattr(tiling, "blocks_per_sm", 1) == 2 and need > TWO_BLOCKS_SMEM_LIMIT:
+                yield (f"needs about {need // 1024} KB of shared memory{at}, over the "
+                       f"{TWO_BLOCKS_SMEM_LIMIT // 1024} KB each of two blocks an SM may hold "
+                       "(blocks_per_sm = 2); lower block_m, block_n or num_stages, or set "
+                       "blocks_per_sm = 1")
                 break
 
 
@@ -359,13 +380,24 @@ def overlap_problems(tiling: GemmTiling) -> Iterator[tuple[str, str]]:
             f"{tiling.num_stages}): set them, or overlap = false")
 
 
+def blocks_problems(tiling: GemmTiling) -> Iterator[tuple[str, str]]:
+    """(key, problem) of two blocks an SM outside what their register split is for: one consumer
+    warpgroup beside TileLang's producer (pipelined loads)."""
+    if getattr(tiling, "blocks_per_sm", 1) == 2 and (tiling.threads != 128 or tiling.num_stages < 1):
+        yield ".blocks_per_sm", (
+            "blocks_per_sm = 2 needs threads = 128 and num_stages >= 1 (one consumer warpgroup "
+            "beside the producer of the pipelined loads: two such blocks fill an SM's "
+            f"registers; got threads = {tiling.threads}, num_stages = {tiling.num_stages}): set "
+            "them, or blocks_per_sm = 1")
+
+
 def tiling_problems(phase: str, tiling: GemmTiling, head_dims, causal: bool = False
                     ) -> list[tuple[str, str]]:
     """Every problem of one fwd/bwd tiling, as (key below its table, message): what the spec's
     rules report and what `opgen tune` filters its candidates with. causal: the tiling also
     serves causal calls."""
     return [("", p) for p in smem_problems(phase, tiling, head_dims, causal)] + list(
-        warpgroup_problems(tiling)) + list(overlap_problems(tiling))
+        warpgroup_problems(tiling)) + list(overlap_problems(tiling)) + list(blocks_problems(tiling))
 
 
 def tiles_fit_shared_memory(spec: Spec):
@@ -391,6 +423,12 @@ def tiles_fill_warpgroups(spec: Spec):
 def fwd_overlap_fits(spec: Spec):
     for key, problem in overlap_problems(spec.tiling.fwd):
         yield f"tiling.fwd{key}", problem
+
+
+def blocks_per_sm_fits(spec: Spec):
+    for phase in TUNED_PHASES:
+        for key, problem in blocks_problems(getattr(spec.tiling, phase)):
+            yield f"tiling.{phase}{key}", problem
 
 
 def tuned_tilings_fit(spec: Spec):
@@ -429,6 +467,7 @@ RULES = (
     tiles_fit_shared_memory,
     tiles_fill_warpgroups,
     fwd_overlap_fits,
+    blocks_per_sm_fits,
     tuned_tilings_fit,
 )
 

@@ -22,12 +22,15 @@ from opgen.tune import Candidate
 # query rows (192 x block_n on 384 threads). Not timed (the rules accept them, and a spec's own
 # tiling is timed whatever it is): one warpgroup of 128 threads over more than 64 rows, which
 # was 1.38-2.85x slower than the winner at all 46 (spec, head dim, mask, phase) tuned on the
-# H200 in runs 34-94.
+# H200 in runs 34-94 (each such block had the SM to itself). One warpgroup of 64 rows is timed on
+# one block an SM and on two (blocks_per_sm; the rules keep two blocks to 128 threads and half
+# the SM's shared memory each).
 SEARCH_SPACE = {
     "block_m": (64, 128),
     "block_n": (32, 64, 128),
     "threads": (128, 256),
     "num_stages": (1, 2),
+    "blocks_per_sm": (1, 2),
 }
 PHASE_SPACE = {"fwd": {"block_m": (64, 128, 192), "threads": (128, 256, 384),
                        "overlap": (False, True)}, "bwd": {}}
@@ -177,7 +180,8 @@ class AttentionTuner(Tuner):
 
     def describe_tiling(self, tiling: dict[str, Any]) -> str:
         return (f"{tiling['block_m']}x{tiling['block_n']} threads={tiling['threads']} "
-                f"stages={tiling['num_stages']}" + (" overlap" if tiling.get("overlap") else ""))
+                f"stages={tiling['num_stages']}" + (" overlap" if tiling.get("overlap") else "")
+                + (" 2 blocks/SM" if tiling.get("blocks_per_sm", 1) == 2 else ""))
 
     def time_candidates(self, spec, plan, autograd, found, report, workers, times) -> dict:
         return time_candidates(spec, plan, autograd, found, report, workers, times)

@@ -190,6 +190,26 @@ def _dq_layout(layout, dQ):
     )
 
 
+@T.macro
+def split_registers(threads, blocks_per_sm):
+    """The registers of a block's warpgroups (TileLang adds a producer warpgroup beside the
+    `threads` consumer threads) where TileLang's own split does not serve:
+    - blocks_per_sm=2 (one consumer warpgroup): each block launches its 256 threads at 128
+      registers and gives 232 to its consumers, 24 to its producer (2 x 128 a thread in all), so
+      two blocks share an SM; by default such a block launches at 240 and has the SM alone.
+    - three consumer warpgroups (384 threads, 192 query rows): 384 x 160 + 128 x 24 fill the SM's
+      64512. TileLang picks this split itself, with a warning at every build; stated here, it
+      builds quietly.
+    Other layouts keep TileLang's own split."""
+    if blocks_per_sm == 2:
+        T.annotate_min_blocks_per_sm(2)
+        T.annotate_producer_reg_dealloc(24)
+        T.annotate_consumer_reg_alloc(232)
+    elif threads == 3 * 128:
+        T.annotate_producer_reg_dealloc(24)
+        T.annotate_consumer_reg_alloc(160)
+
+
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
 def attention_recompute_fwd(
     heads,
@@ -206,6 +226,7 @@ def attention_recompute_fwd(
     num_stages,
     overlap=False,
     pair_blocks=False,
+    blocks_per_sm=1,
 ):
     """O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain). Grid (ceildiv(seq_len, block_m), heads, batch); causal: the longest query blocks first, or at most PAIRED_MAX_QUERY_BLOCKS of them paired: (ceildiv(n, 2), heads, batch).
 
@@ -218,6 +239,7 @@ def attention_recompute_fwd(
     flight, so the tensor cores are not idle during the softmax.
     pair_blocks=True (causal): block x walks query blocks x and n - 1 - x in one pipeline
     (pairs_query_blocks says when), with the plain schedule: grid dim 0 is ceil(n / 2).
+    blocks_per_sm=2 (threads 128): two blocks share an SM (split_registers).
     """
     batch, seq_len = runtime_dims()
     scale = softmax_scale * LOG2E
@@ -294,16 +316,6 @@ def attention_recompute_fwd(
             row_denom[i] = row_denom[i] * row_rescale[i] + row_sum[i]
 
     @T.macro
-    def split_registers():
-        """Three consumer warpgroups (384 threads, 192 query rows) beside TileLang's producer
-        warpgroup: 384 x 160 + 128 x 24 registers fill the SM's 64512. TileLang picks this split
-        itself for the layout, with a warning at every build; stated here, it builds quietly.
-        Other layouts keep TileLang's own split."""
-        if threads == 3 * 128:
-            T.annotate_producer_reg_dealloc(24)
-            T.annotate_consumer_reg_alloc(160)
-
-    @T.macro
     def start_rows(acc_o, row_denom, row_max):
         T.fill(acc_o, 0)
         T.fill(row_denom, 0)
@@ -353,7 +365,7 @@ def attention_recompute_fwd(
         ):
             n_query = T.ceildiv(seq_len, block_m)
             with T.Kernel(T.ceildiv(n_query, 2), heads, batch, threads=threads) as (pair, by, bz):
-                split_registers()
+                split_registers(threads, blocks_per_sm)
                 Q_shared = T.alloc_shared([block_m, dim], dtype)
                 K_shared = T.alloc_shared([block_n, dim], dtype)
                 V_shared = T.alloc_shared([block_n, dim], dtype)
@@ -421,7 +433,7 @@ def attention_recompute_fwd(
             by,
             bz,
         ):
-            split_registers()
+            split_registers(threads, blocks_per_sm)
             bx = query_block(launch_x)
             Q_shared = T.alloc_shared([block_m, dim], dtype)
             K_shared = T.alloc_shared([block_n, dim], dtype)
@@ -589,6 +601,7 @@ def attention_recompute_bwd(
     block_n,
     threads,
     num_stages,
+    blocks_per_sm=1,
 ):
     """dQ by fp32 atomics; dK, dV per query head, written, split or atomically added, or per KV head summed over its group in the block (in_block). Grid (ceildiv(seq_len, block_m), heads (kv_heads with in_block dK/dV), batch).
 
@@ -598,6 +611,7 @@ def attention_recompute_bwd(
     dQ (fp32, atomic target zeroed by the preprocess, padded_rows rows) and the dK/dV buffers of
     `dkv_buffer` are passed in.
     softmax_scale: the forward's (P is recomputed from lse with it; dS carries it into dQ, dK).
+    blocks_per_sm=2 (threads 128): two blocks share an SM (split_registers).
     """
     batch, seq_len = runtime_dims()
     scale = softmax_scale * LOG2E
@@ -652,6 +666,7 @@ def attention_recompute_bwd(
         with T.Kernel(
             T.ceildiv(seq_len, block_m), kv_heads if in_block else heads, batch, threads=threads
         ) as (by, bx, bz):
+            split_registers(threads, blocks_per_sm)
             K_shared = T.alloc_shared([block_m, dim], dtype)
             V_shared = T.alloc_shared([block_m, dim], dtype)
             q = T.alloc_shared([block_n, dim], dtype)
