@@ -74,7 +74,7 @@ def write(gen: Generated, root: Path, *, compile_checked: bool = False,
         if problem and not force:
             raise OwnershipError(problem)
         if not compile_checked:
-            earlier = _earlier_compile_check(current, gen)
+            earlier = earlier_compile_check(current, gen)
             compile_checked = earlier is not None
             compiled_with = earlier.compiled_with if earlier else None
         files = {name: text.encode("utf-8") for name, text in
@@ -130,7 +130,7 @@ def _owner_problem(gen: Generated, target: Path, current: dict[str, bytes]) -> s
     return None
 
 
-def _earlier_compile_check(current: dict[str, bytes], gen: Generated) -> Manifest | None:
+def earlier_compile_check(current: dict[str, bytes], gen: Generated) -> Manifest | None:
     """The manifest of an earlier build whose compile check still holds: the code of kernels.py
     the same (its header, which names the spec and its hash, is no part of what compiled; the
     compile cache ignores it too), kernels.py as that build wrote it (no hand edit), and the same

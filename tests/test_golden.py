@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,10 @@ import pytest
 from conftest import REPO_ROOT
 
 from opgen import TILELANG_VERSION, __version__
-from opgen.manifest import ManifestError, parse_manifest, render_manifest
-from opgen.render import MANIFEST, generate, load_plan, without_header
+from opgen.manifest import parse_manifest
+from opgen.compile_cache import check_record, toolchain
+from opgen.output import earlier_compile_check, read_tree
+from opgen.render import MANIFEST, Generated, generate, load_plan
 
 # Every shipped spec against its committed package, then the test-only specs.
 SHIPPED = [
@@ -42,18 +45,6 @@ IGNORED = {"__pycache__", ".pytest_cache"}
 # One xdist worker for the module: `rendered` (every golden spec rendered and black-formatted,
 # seconds each) is made once, not once on each worker.
 pytestmark = pytest.mark.xdist_group("golden")
-
-
-def read_tree(directory: Path) -> dict[str, bytes]:
-    if not directory.is_dir():
-        return {}
-    return {
-        path.relative_to(directory).as_posix(): path.read_bytes()
-        for path in sorted(directory.rglob("*"))
-        if path.is_file()
-        and not IGNORED.intersection(path.relative_to(directory).parts)
-        and path.suffix != ".pyc"
-    }
 
 
 def rewrite_tree(directory: Path, files: dict[str, str]) -> None:
@@ -84,35 +75,28 @@ def short_diff(name: str, old: bytes, new: bytes, limit: int = 40) -> str:
 
 
 @pytest.fixture(scope="module")
-def rendered() -> dict[str, dict[str, str]]:
+def generated() -> dict[str, Generated]:
     """Every golden spec rendered once, from the repository root (paths in headers are relative)."""
     cwd = os.getcwd()
     os.chdir(REPO_ROOT)
     try:
-        return {spec: generate(Path(spec)).files for spec, _ in GOLDEN}
+        return {spec: generate(Path(spec)) for spec, _ in GOLDEN}
     finally:
         os.chdir(cwd)
 
 
-def with_compile_flag_of(golden_dir: Path, files: dict[str, str]) -> dict[str, str]:
-    """files with the manifest's compile flag and toolchain as on disk: they record what the last
-    build's compile check found, which rendering alone does not know."""
-    path = golden_dir / MANIFEST
-    try:
-        on_disk = parse_manifest(path.read_bytes())
-    except (OSError, ManifestError):
-        return files
-    ours = parse_manifest(files[MANIFEST].encode("utf-8"))
-    # The record holds only for the kernels it checked: new kernels are not compile-checked yet.
-    # The header (spec path and hash) is no part of what compiled, as in `opgen build`.
-    try:
-        same_kernels = without_header((golden_dir / "kernels.py").read_text()) == without_header(
-            files["kernels.py"])
-    except OSError:
-        same_kernels = False
-    checked, toolchain = (on_disk.compile_checked, on_disk.compiled_with) if same_kernels else (False, None)
-    return {**files, MANIFEST: render_manifest(ours.spec, ours.spec_sha256, ours.generator, files,
-                                               checked, toolchain)}
+@pytest.fixture(scope="module")
+def rendered(generated) -> dict[str, dict[str, str]]:
+    return {spec: gen.files for spec, gen in generated.items()}
+
+
+def with_compile_flag_of(golden_dir: Path, gen: Generated) -> dict[str, str]:
+    """gen's files with the compile record of the package on disk where it still holds, as
+    `opgen build --no-compile` keeps it (earlier_compile_check): rendering alone does not know
+    what the last build's compile check found."""
+    earlier = earlier_compile_check(read_tree(golden_dir), gen)
+    return gen.with_compile_checked(earlier is not None,
+                                    earlier.compiled_with if earlier else None).files
 
 
 def spec_digest_of(spec: str) -> str:
@@ -121,9 +105,9 @@ def spec_digest_of(spec: str) -> str:
 
 
 @pytest.mark.parametrize("spec, golden", GOLDEN, ids=IDS)
-def test_golden_tree(rendered, spec, golden, update_golden):
+def test_golden_tree(generated, spec, golden, update_golden):
     golden_dir = REPO_ROOT / golden
-    files = with_compile_flag_of(golden_dir, rendered[spec])
+    files = with_compile_flag_of(golden_dir, generated[spec])
     if update_golden:
         rewrite_tree(golden_dir, files)
     on_disk = read_tree(golden_dir)
@@ -260,3 +244,18 @@ def test_package_import_checks_the_tilelang_version(installed, fails):
     else:
         assert out == f"OK {TILELANG_VERSION}"
 
+
+
+def test_update_keeps_a_compile_record_only_for_the_kernels_it_checked(generated, tmp_path):
+    """--update-golden keeps a package's compile record as `opgen build --no-compile` does: not
+    where the record is of other kernels than the kernels.py beside it, even when that kernels.py
+    is what the spec renders now (a merge that took one side's manifest and merged kernels.py)."""
+    gen = generated["specs/scaled_silu.toml"]
+    record = check_record(toolchain(), gen.plan.compile_jobs)
+    rewrite_tree(tmp_path, gen.with_compile_checked(True, record).files)
+    assert parse_manifest(with_compile_flag_of(tmp_path, gen)[MANIFEST].encode()).compile_checked
+    # The manifest of a build of other kernels (its kernels.py hash is theirs) beside this one.
+    other = replace(gen, files={**gen.files, "kernels.py": gen.files["kernels.py"] + "# other\n"})
+    (tmp_path / MANIFEST).write_text(other.with_compile_checked(True, record).files[MANIFEST])
+    kept = parse_manifest(with_compile_flag_of(tmp_path, gen)[MANIFEST].encode())
+    assert not kept.compile_checked and kept.compiled_with is None
