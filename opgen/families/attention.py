@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, Callable, Iterator, Literal
 
 from pydantic import AfterValidator, Field, StrictBool
 
@@ -414,21 +414,24 @@ def tiles_fit_shared_memory(spec: Spec):
             yield f"tiling.{phase}", problem
 
 
-def tiles_fill_warpgroups(spec: Spec):
+def base_tiling_problems(spec: Spec,
+                         problems_of: Callable[[GemmTiling], Iterator[tuple[str, str]]]):
+    """(field, problem) of problems_of's verdict on the base fwd and bwd tilings."""
     for phase in TUNED_PHASES:
-        for key, problem in warpgroup_problems(getattr(spec.tiling, phase)):
+        for key, problem in problems_of(getattr(spec.tiling, phase)):
             yield f"tiling.{phase}{key}", problem
+
+
+def tiles_fill_warpgroups(spec: Spec):
+    yield from base_tiling_problems(spec, warpgroup_problems)
 
 
 def fwd_overlap_fits(spec: Spec):
-    for key, problem in overlap_problems(spec.tiling.fwd):
-        yield f"tiling.fwd{key}", problem
+    yield from base_tiling_problems(spec, overlap_problems)  # a bwd tiling has no overlap
 
 
 def blocks_per_sm_fits(spec: Spec):
-    for phase in TUNED_PHASES:
-        for key, problem in blocks_problems(getattr(spec.tiling, phase)):
-            yield f"tiling.{phase}{key}", problem
+    yield from base_tiling_problems(spec, blocks_problems)
 
 
 def tuned_tilings_fit(spec: Spec):
