@@ -4,27 +4,19 @@
 # the next call ready; carry .gpu, built with `../shared/tools/gpu-bundle
 # flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof, from `bash next_gpu_run.sh prep`).
 # Session 27 ran session 26's list (runs 120-122) and the model steps (runs 123-124); session 28
-# had no GPU. Left for the next, in this order:
-#   0. What the attention backward's dQ path costs, and a candidate that cuts it (session 27,
-#      CPU-checked: every variant lowers and compiles for MHA, GQA and sinks, 168 registers, no
-#      spills): `VARIANTS="no-dq-atomics,no-dq,bulk-dq" timeout 500 python
-#      docs/profiling/bwd_variants_probe.py` (bwd_ablations.py: the package's bwd with its dQ
-#      atomics skipped, with the whole dQ path cut (both timing only), and bulk-dq: dQ staged in
-#      shared memory and added by one bulk reduce a step, its wait deferred to the next step;
-#      its gradients are checked at odd lengths first). Branch bulk-dq has it in the template
-#      (16-row tiles, as the probe's; every attention-family kernel compiles, CPU suite green): if
-#      the probe finds it right and faster, `git checkout bulk-dq`, then `bash
-#      docs/profiling/next_gpu_run.sh tests attention gqa attention_sink` (two calls with a cold
-#      cache) and the three benches against run 105, and merge.
-#   0b. Two blocks an SM (session 28: the tiling key blocks_per_sm = 2, one consumer warpgroup of
-#      64 rows a block, __launch_bounds__(256, 2), registers 232 / 24 by setmaxnreg; CPU-checked:
-#      every probe kernel compiles at 128 registers a thread with no spills; never run on a GPU):
-#      first `TESTS_TIMEOUT=300 bash docs/profiling/next_gpu_run.sh tests attention_tuned` (the
-#      golden package's D64 causal fwd and bwd run on two blocks an SM: right, and no hang), then
-#      `timeout 540 python docs/profiling/two_blocks_probe.py` (fwd and bwd at 64-row tilings
-#      against the package and cuDNN; outputs checked at odd lengths first). If a variant wins:
-#      `bash docs/profiling/next_gpu_run.sh tune attention gqa attention_sink` (its search space
-#      has the two-block candidates), then tests and benches of the three packages.
+# got an H100 late (runs 125-126). Left for the next, in this order:
+#   0. A forward tiling for short windows (runs 125-126, H100): two blocks an SM took the gpt-oss
+#      shape's forward (sinks, 64/8 heads, D64, window 128) from 0.149 to 0.104 ms, but lose 1-9%
+#      on unwindowed D64 causal calls, which share its [[tiling.tuned]] entry (per head dim and
+#      mask). Wanted: a tuned entry (or rule) for windows a block covers in two key blocks
+#      (walks_heads' case), tuned on the H200, then attention_sink's tests and bench (run 105's
+#      gpt-oss row: 1.11x / 1.12x FlexAttention; the H100's bench with the two-block forward:
+#      2.50x / 2.00x). Time the rest of the two-block space there too (64x32, one stage).
+#   0b. bulk-dq (branch bulk-dq, main merged): right, and 0.951-1.015x the package's backward on
+#      the H100 (run 126): -5% at D64 and the short window, +1.2-1.5% at D128 full. Repeat
+#      `VARIANTS="no-dq-atomics,no-dq,bulk-dq" timeout 500 python
+#      docs/profiling/bwd_variants_probe.py` on the H200; if it holds, merge per head dim (or
+#      behind a tiling key) and run the three packages' tests and benches.
 #   1. A transformers GPT-OSS model's training step per attention implementation (never run: the
 #      session's device time ran out): `python -u examples/hf_step.py --json $OUT/hf.json` (eager,
 #      flex_attention, opgen_attention_sink; S 1000 and 2048; ~2-3 min with a cold TileLang cache).
