@@ -75,12 +75,22 @@ def nvcc_version() -> str:
     return " ".join(text.split()) or "not found"
 
 
-def jobs_digest(jobs: Iterable[CompileJob]) -> str:
-    """A digest of the kernel instances a check compiles (each job's factory, arguments and
-    tiling; the label only names it) and of the check's own rules."""
-    identity = {"check": [CHECK_VERSION, SM90_SMEM_LIMIT],
-                "jobs": [[job.factory, list(job.args), job.tiling] for job in jobs]}
+# The check's own rules: a result under other rules is not this check's.
+CHECK_RULES = [CHECK_VERSION, SM90_SMEM_LIMIT]
+
+
+def compiled_part(job: CompileJob) -> list:
+    """What of a job compiles: factory, arguments and tiling (the label only names it)."""
+    return [job.factory, list(job.args), job.tiling]
+
+
+def digest(identity: dict) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def jobs_digest(jobs: Iterable[CompileJob]) -> str:
+    """A digest of the kernel instances a check compiles and of the check's own rules."""
+    return digest({"check": CHECK_RULES, "jobs": [compiled_part(job) for job in jobs]})
 
 
 def check_record(tools: Toolchain, jobs: Iterable[CompileJob]) -> dict[str, str]:
@@ -92,14 +102,12 @@ def check_record(tools: Toolchain, jobs: Iterable[CompileJob]) -> dict[str, str]
 
 def job_key(kernels_py: str, job: CompileJob, tools: Toolchain) -> str:
     """The cache key of one job of a rendered kernels.py."""
-    identity = {
-        "check": [CHECK_VERSION, SM90_SMEM_LIMIT],
+    return digest({
+        "check": CHECK_RULES,
         "code": hashlib.sha256(without_header(kernels_py).encode("utf-8")).hexdigest(),
-        # The label only names the job; factory, arguments and tiling are what compiles.
-        "job": [job.factory, list(job.args), job.tiling],
+        "job": compiled_part(job),
         "tools": tools.record(),
-    }
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()
+    })
 
 
 def cache_dir() -> Path:
