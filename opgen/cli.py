@@ -598,6 +598,10 @@ def tune(
     head_dims: Optional[str] = typer.Option(None, "--head-dims", help="attention: tune only these "
                                             "of the spec's head dims (comma-separated); the "
                                             "others keep their entries."),
+    windows: Optional[str] = typer.Option(None, "--windows", help="attention: tune only the "
+                                          "variants of these sliding windows of the bench shapes "
+                                          "(comma-separated; 0: calls of any window or none); "
+                                          "the others keep their entries."),
     channels: Optional[str] = typer.Option(None, "--channels", help="rmsnorm: tune only these of "
                                            "the bench shapes' channel counts (comma-separated); "
                                            "the others keep their entries."),
@@ -607,7 +611,7 @@ def tune(
                                       "1-3 percent: a smaller gain is noise)."),
 ) -> None:
     """Time the fwd/bwd tilings the spec's rules accept per variant (attention: per (head_dim,
-    causal); rmsnorm: per bench channel count) on this GPU and write the fastest into the spec's
+    causal), and per bench window of a sliding-window spec; rmsnorm: per bench channel count) on this GPU and write the fastest into the spec's
     tiling.tuned table (a diff is printed). Each candidate is compile-checked, then checked
     against the reference before it is timed. Without a GPU (or with --dry-run) it lists the
     candidates and writes nothing. Exit 1 when no candidate is left."""
@@ -632,19 +636,21 @@ def tune(
                              f"(got {echo(phases)})")
         source = read_spec(spec_path)
         spec = validate(family.spec, source)
-        subset = None
-        for option, given in (("--head-dims", head_dims), ("--channels", channels)):
+        subset = {}
+        for option, given in (("--head-dims", head_dims), ("--windows", windows),
+                              ("--channels", channels)):
             if given is None:
                 continue
-            if option != tuner.subset_option:
+            if option not in tuner.subset_options:
                 raise OpgenError(f"{option}: not an option of the {family.name} family's tuning "
-                                 f"(it takes {tuner.subset_option})")
-            allowed = tuner.subset_values(spec)
+                                 f"(it takes {' and '.join(tuner.subset_options)})")
+            field, noun = tuner.subset_options[option]
+            allowed = tuner.subset_values(spec, field)
             words = [w.strip() for w in given.split(",") if w.strip()]
             if not words or any(not w.isdigit() or int(w) not in allowed for w in words):
-                raise OpgenError(f"{option}: a comma-separated list of {tuner.subset_noun} "
+                raise OpgenError(f"{option}: a comma-separated list of {noun} "
                                  f"{echo(list(allowed))} (got {echo(given)})")
-            subset = {int(w) for w in words}
+            subset[field] = {int(w) for w in words}
         found = tuning.candidates(spec, [p for p in tuner.phases if p in chosen], max_candidates,
                                   subset)
         out.print(f"{plan.source.spec_path}: {len(found)} candidate(s) pass the spec's rules; "

@@ -1,6 +1,6 @@
 """`opgen tune`: time the tilings a spec's rules accept per variant (attention: per (head_dim,
-causal); rmsnorm: per channel count) and write the fastest into the spec as [[tiling.tuned]], so
-that the build stays deterministic and the choice is committed and reviewed.
+causal, max_window); rmsnorm: per channel count) and write the fastest into the spec as
+[[tiling.tuned]], so that the build stays deterministic and the choice is committed and reviewed.
 
 What is common to every family lives here: the candidates (the spec's current tiling first, then
 the family's search space, filtered by the spec's own rules and then by the CPU compile check),
@@ -20,7 +20,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from opgen.families import FAMILIES
 from opgen.families.contract import Tuner
@@ -61,14 +61,14 @@ def as_candidate(tuner: Tuner, key: tuple, phase: str, tiling: dict[str, Any]) -
 
 def candidates(spec: Any, phases: Iterable[str] | None = None,
                max_candidates: int | None = None,
-               subset: Iterable[Any] | None = None) -> list[Candidate]:
-    """Per key of the spec (those whose first field is in subset, if given) and phase: the
-    spec's current tiling first, then the search space's, those the rules accept, at most
-    max_candidates of them."""
+               subset: Mapping[str, Iterable[Any]] | None = None) -> list[Candidate]:
+    """Per key of the spec (those whose fields are among subset's values for them, if given)
+    and phase: the spec's current tiling first, then the search space's, those the rules
+    accept, at most max_candidates of them."""
     tuner = tuner_of(spec)
     phases = tuner.phases if phases is None else tuple(phases)
     found = []
-    for key in tuner.keys(spec, subset):
+    for key in tuner.chosen_keys(spec, subset):
         for phase in phases:
             mine: list[Candidate] = []
             for tiling in [tuner.current(spec, key, phase), *tuner.space(spec, key, phase)]:
@@ -172,7 +172,9 @@ def render_tuned(tuner: Tuner, entries: dict[tuple, dict[str, dict[str, Any]]],
     blocks = []
     for key in sorted(entries):
         lines = ["[[tiling.tuned]]", *(f"{name} = {toml_value(value)}"
-                                       for name, value in zip(tuner.key_fields, key, strict=True))]
+                                       for name, value in zip(tuner.key_fields, key, strict=True)
+                                       if name not in tuner.key_defaults
+                                       or value != tuner.key_defaults[name])]
         for phase in tuner.phases:
             if (tiling := entries[key].get(phase)) is not None:
                 inline = ", ".join(f"{k} = {toml_value(v)}" for k, v in tiling.items())

@@ -38,14 +38,15 @@ def test_a_tuner_names_the_fields_and_phases_of_its_spec_s_tuned_entries(name):
 
     family = FAMILIES[name]
     tuner = family.tuner()
-    assert isinstance(tuner, Tuner) and tuner.subset_option.startswith("--")
+    assert isinstance(tuner, Tuner) and all(option.startswith("--") for option in tuner.subset_options)
     entry = family.spec.model_fields["tiling"].annotation.model_fields["tuned"].annotation
     (entry,) = entry.__args__[:1]  # tuple[Entry, ...]
     assert set(tuner.key_fields) | set(tuner.phases) == set(entry.model_fields)
     spec = family.spec.model_validate({"name": "x", "family": name})
     keys = tuner.keys(spec)
     assert keys and all(len(k) == len(tuner.key_fields) for k in keys)
-    assert {k[0] for k in keys} == set(tuner.subset_values(spec))
+    for field, _ in tuner.subset_options.values():
+        assert {k[tuner.key_fields.index(field)] for k in keys} == set(tuner.subset_values(spec, field))
 
 
 def test_scaffold_names_are_unique_across_families():

@@ -47,13 +47,14 @@ def shipped(name: str = "attention"):
 
 def test_tuned_table_parses_and_plans():
     plan, _ = load_plan(TUNED_SPEC)
+    # Keyed (head_dim, causal, max_window): 0, no max_window, serves every window.
     assert plan.tuned["fwd"] == {
-        (64, False): {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2,
-                      "overlap": True},
-        (128, True): {"block_m": 64, "block_n": 32, "threads": 128, "num_stages": 2,
-                      "blocks_per_sm": 2},
+        (64, False, 0): {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2,
+                         "overlap": True},
+        (128, True, 0): {"block_m": 64, "block_n": 32, "threads": 128, "num_stages": 2,
+                         "blocks_per_sm": 2},
     }
-    assert list(plan.tuned["bwd"]) == [(64, False)]
+    assert list(plan.tuned["bwd"]) == [(64, False, 0)]
     assert plan.tiling_for("fwd", 128, False) == plan.kernels["fwd"].tiling
     assert plan.tiling_for("bwd", 64, False)["block_m"] == 64
     # The compile check builds every variant with the tiling it launches with.
@@ -132,6 +133,118 @@ def test_bad_tuned_entries(entry, field, words):
     assert any(f == field and words in m for f, m in info.value.problems), info.value.problems
 
 
+# attention_sink's spec (sliding windows, test windows 16 and 700) with entries for d64 causal
+# calls at windows up to 128 and up to 1024, besides its entry for every d64 causal call.
+SHORT = "{ block_m = 64, block_n = 64, threads = 128, num_stages = 2, blocks_per_sm = 2 }"
+MEDIUM = "{ block_m = 128, block_n = 64, threads = 256, num_stages = 2 }"
+WINDOWED_TEXT = (REPO_ROOT / "specs/attention_sink.toml").read_text() + f"""
+[[tiling.tuned]]
+head_dim = 64
+causal = true
+max_window = 1024
+fwd = {MEDIUM}
+
+[[tiling.tuned]]
+head_dim = 64
+causal = true
+max_window = 128
+fwd = {SHORT}
+bwd = {SHORT}
+"""
+
+
+def test_a_window_entry_serves_the_windows_up_to_its_max_window(tmp_path):
+    path = tmp_path / "attention_sink.toml"
+    path.write_text(WINDOWED_TEXT)
+    plan, _ = load_plan(path)
+    short, medium = (tomllib.loads(f"t = {t}")["t"] for t in (SHORT, MEDIUM))
+    every_window = plan.tuned["fwd"][64, True, 0]
+    # The narrowest entry whose max_window is at least the call's window; unwindowed calls, and
+    # windows past every max_window, take the entry without one.
+    for window, fwd in ((None, every_window), (1, short), (128, short), (129, medium),
+                        (1024, medium), (1025, every_window)):
+        assert plan.tiling_for("fwd", 64, True, window) == fwd, window
+    assert plan.tiling_for("bwd", 64, True, 16) == short
+    assert plan.tiling_for("bwd", 64, True, 700) == plan.tuned["bwd"][64, True, 0]
+    assert plan.tiling_for("fwd", 128, True, 16) == plan.tuned["fwd"][128, True, 0]
+    # The compile check builds the test windows' kernels (16 and 700) with the tilings they
+    # launch with, and the package's variant_calls picks the same by the same rule.
+    jobs = {(j.args[2], j.args[4]): j.tiling for j in plan.compile_jobs
+            if j.factory == "attention_sink_fwd" and j.args[3] and not j.tiling.get("pair_blocks")}
+    assert jobs[64, 16] == short and jobs[64, 700] == medium and jobs[64, 0] == every_window
+    files = generate(path).files
+    assert plan.tuned_tiling_code in files["kernels.py"]
+    package = tmp_path / "windowed" / "attention_sink"
+    package.mkdir(parents=True)
+    for name, text in files.items():
+        (package / name).write_text(text)
+    sys.path.insert(0, str(package.parent))
+    try:
+        autograd = importlib.import_module("attention_sink.autograd")
+        for window in (0, 16, 128, 700, 2048):
+            calls = autograd.variant_calls(8, 2, 64, True, window, "bshd", "bfloat16", 0.125,
+                                           "in_block", "in_block")
+            assert calls["fwd"][2] == plan.tiling_for("fwd", 64, True, window), window
+            assert calls["bwd"][2] == plan.tiling_for("bwd", 64, True, window), window
+    finally:
+        sys.path.remove(str(package.parent))
+        for name in [m for m in sys.modules if m.startswith("attention_sink")]:
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize("entry, field, words", [
+    ("head_dim = 64\ncausal = false\nmax_window = 128\nfwd = " + SHORT,
+     "tiling.tuned.4.max_window", "needs attention.sliding_window = true and causal = true"),
+    ("head_dim = 64\ncausal = true\nmax_window = 8\nfwd = " + SHORT,
+     "tiling.tuned.4.max_window", "list a test window of at most 8 in test.windows"),
+    ("head_dim = 64\ncausal = true\nmax_window = 0\nfwd = " + SHORT,
+     "tiling.tuned.4.max_window", "must be greater than or equal to 1"),
+])
+def test_bad_window_entries(entry, field, words):
+    text = (REPO_ROOT / "specs/attention_sink.toml").read_text()
+    with pytest.raises(SpecError) as info:
+        spec_of(text + "\n[[tiling.tuned]]\n" + entry + "\n")
+    assert any(f == field and words in m for f, m in info.value.problems), info.value.problems
+    with pytest.raises(SpecError) as info:
+        spec_of(WINDOWED_TEXT + "\n[[tiling.tuned]]\nhead_dim = 64\ncausal = true\n"
+                "max_window = 128\nfwd = " + MEDIUM + "\n")
+    assert ("tiling.tuned.6", "repeats head_dim = 64, causal = true, max_window = 128: one entry "
+            "per (head_dim, causal, max_window)") in info.value.problems
+
+
+def test_a_sliding_window_spec_tunes_each_bench_window(tmp_path, run_opgen):
+    """attention_sink's bench shapes have windows 1024 (d128) and 128 (d64): each is a variant
+    of its own, timed at its bench shape with its window; --windows picks some."""
+    spec = spec_of(WINDOWED_TEXT)
+    assert AT.TUNER.keys(spec) == [(64, False, 0), (64, True, 0), (64, True, 128),
+                                   (128, False, 0), (128, True, 0), (128, True, 1024)]
+    assert AT.tune_shape(spec, 64, 128) == {"batch": 1, "heads": 64, "kv_heads": 8, "seq_len": 4096}
+    # The current tiling of a window's variant is what its calls launch now: its own entry,
+    # else the entry for every window (there is no d128 window entry).
+    assert AT.TUNER.current(spec, (64, True, 128), "fwd") == tomllib.loads(f"t = {SHORT}")["t"]
+    assert AT.TUNER.current(spec, (128, True, 1024), "fwd") == AT.TUNER.current(
+        spec, (128, True, 0), "fwd")
+    found = tune.candidates(spec, ["fwd"], max_candidates=1, subset={"max_window": {128, 1024}})
+    assert [c.key for c in found] == [(64, True, 128), (128, True, 1024)]
+    assert found[0].label.startswith("fwd d64 causal window<=128 64x64")
+    # A winner at a window is written with its max_window; the others without one.
+    job = tune.compile_job(spec, load_plan(REPO_ROOT / "specs/attention_sink.toml")[0], found[1])
+    assert job.args[:5] == (32, 8, 128, True, 1024)
+    winner = tune.as_candidate(AT.TUNER, (128, True, 1024), "fwd", tomllib.loads(f"t = {MEDIUM}")["t"])
+    text = tune.write_tuned(WINDOWED_TEXT, AT.TUNER, tune.merged_entries(spec, {winner.variant: winner}),
+                            COMMENT)
+    assert text.count("max_window = ") == 3 and "max_window = 0" not in text
+    assert [(e.head_dim, e.causal, e.max_window) for e in spec_of(text).tiling.tuned] == [
+        (64, False, None), (64, True, None), (64, True, 128), (64, True, 1024), (128, False, None),
+        (128, True, None), (128, True, 1024)]
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs/a.toml").write_text(WINDOWED_TEXT)
+    result = run_opgen("tune", "specs/a.toml", "--windows", "64", "--dry-run", cwd=tmp_path)
+    assert result.returncode == 2
+    assert ("--windows: a comma-separated list of the bench shapes' windows (0: none) "
+            "[0, 128, 1024] (got \"64\")") in result.stderr, result.stderr
+
+
 def test_candidates_pass_the_rules_current_tiling_first():
     spec = spec_of(SPEC_TEXT)
     found = tune.candidates(spec)
@@ -148,8 +261,8 @@ def test_candidates_pass_the_rules_current_tiling_first():
     first = {}
     for c in found:
         first.setdefault(c.variant, c)
-    assert first[64, False, "fwd"].tiling_dict == spec.tiling.fwd.model_dump()
-    assert first[128, True, "bwd"].tiling_dict == spec.tiling.bwd.model_dump()
+    assert first[64, False, 0, "fwd"].tiling_dict == spec.tiling.fwd.model_dump()
+    assert first[128, True, 0, "bwd"].tiling_dict == spec.tiling.bwd.model_dump()
     assert len(found) == len(set(found))
     # The forward alone tries three consumer warpgroups of 64 query rows.
     assert {(c.phase, c.tiling_dict["threads"]) for c in found
@@ -186,22 +299,22 @@ def test_a_cut_off_run_keeps_the_variants_it_timed_in_full():
     """A tune interrupted while timing (Ctrl-C, a time limit) writes the winners of the variants
     each candidate of which has a result (a wrong or failed one counts), and no other."""
     def cand(dim, causal, block_n):
-        return tune.as_candidate(AT.TUNER, (dim, causal), "fwd", {"block_m": 128, "block_n": block_n,
+        return tune.as_candidate(AT.TUNER, (dim, causal, 0), "fwd", {"block_m": 128, "block_n": block_n,
                                                         "threads": 256, "num_stages": 1})
 
     a, b = cand(64, False, 64), cand(64, False, 128)
     c, d = cand(64, True, 64), cand(64, True, 128)
     e = cand(128, False, 64)
     times = {a: 1.0, b: None, c: 2.0}  # d's timing was cut off; e never started
-    assert tune.timed_variants([a, b, c, d, e], times) == {(64, False, "fwd")}
+    assert tune.timed_variants([a, b, c, d, e], times) == {(64, False, 0, "fwd")}
     complete = tune.timed_variants([a, b, c, d, e], times)
     assert tune.pick_winners([x for x in (a, b, c, d, e) if x.variant in complete], times) == {
-        (64, False, "fwd"): a}
+        (64, False, 0, "fwd"): a}
 
 
 def test_candidates_of_chosen_head_dims():
     spec = spec_of(SPEC_TEXT)
-    found = tune.candidates(spec, ["fwd"], subset={64})
+    found = tune.candidates(spec, ["fwd"], subset={"head_dim": {64}})
     assert found and {c.key[0] for c in found} == {64}
     assert found == [c for c in tune.candidates(spec, ["fwd"]) if c.key[0] == 64]
 
@@ -218,7 +331,7 @@ def test_tune_rejects_head_dims_the_spec_lacks(tmp_path, run_opgen):
 
 def test_pick_winners_from_fake_timings():
     def cand(dim, causal, phase, block_n):
-        return tune.as_candidate(AT.TUNER, (dim, causal), phase, {"block_m": 128, "block_n": block_n,
+        return tune.as_candidate(AT.TUNER, (dim, causal, 0), phase, {"block_m": 128, "block_n": block_n,
                                                         "threads": 256, "num_stages": 1})
 
     a, b, c = cand(64, False, "fwd", 32), cand(64, False, "fwd", 64), cand(64, False, "fwd", 128)
@@ -228,7 +341,7 @@ def test_pick_winners_from_fake_timings():
              d: 1.0, e: 1.0,  # a tie: the earlier (the spec's current tiling first) wins
              f: None}  # no working candidate: no winner, the variant keeps its tiling
     winners = tune.pick_winners([a, b, c, d, e, f], times)
-    assert winners == {(64, False, "fwd"): b, (64, True, "fwd"): d}
+    assert winners == {(64, False, 0, "fwd"): b, (64, True, 0, "fwd"): d}
     assert tune.winner_lines([a, b, c, d, e, f], times) == [
         "fastest: fwd d64 full 128x64 threads=256 stages=1 (1.500 ms; the spec's 2.000 ms: 1.33x)",
         "fastest: fwd d64 causal 128x32 threads=256 stages=1 (1.000 ms; the spec's tiling already)"]
@@ -238,14 +351,14 @@ def test_a_gain_under_min_speedup_keeps_the_spec_tiling():
     """A fastest that beats the spec's current tiling by less than --min-speedup is noise: the
     variant gets no winner (its entry stays as it was), and the line says why."""
     def cand(dim, block_n):
-        return tune.as_candidate(AT.TUNER, (dim, False), "fwd", {"block_m": 128, "block_n": block_n,
+        return tune.as_candidate(AT.TUNER, (dim, False, 0), "fwd", {"block_m": 128, "block_n": block_n,
                                                        "threads": 256, "num_stages": 1})
 
     a, b = cand(64, 64), cand(64, 128)  # a is the spec's current tiling (first)
     c, d = cand(128, 64), cand(128, 128)
     times = {a: 1.00, b: 0.98, c: 1.00, d: 0.90}
-    assert tune.pick_winners([a, b, c, d], times) == {(64, False, "fwd"): b, (128, False, "fwd"): d}
-    assert tune.pick_winners([a, b, c, d], times, 1.03) == {(128, False, "fwd"): d}
+    assert tune.pick_winners([a, b, c, d], times) == {(64, False, 0, "fwd"): b, (128, False, 0, "fwd"): d}
+    assert tune.pick_winners([a, b, c, d], times, 1.03) == {(128, False, 0, "fwd"): d}
     assert tune.winner_lines([a, b, c, d], times, 1.03) == [
         "fastest: fwd d64 full 128x128 threads=256 stages=1 (0.980 ms; the spec's 1.000 ms: 1.02x, "
         "under --min-speedup 1.03: the spec keeps its tiling)",
@@ -253,8 +366,8 @@ def test_a_gain_under_min_speedup_keeps_the_spec_tiling():
 
 
 WINNERS = {
-    (64, False): {"fwd": {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2}},
-    (128, True): {"fwd": {"block_m": 64, "block_n": 64, "threads": 128, "num_stages": 2},
+    (64, False, 0): {"fwd": {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2}},
+    (128, True, 0): {"fwd": {"block_m": 64, "block_n": 64, "threads": 128, "num_stages": 2},
                   "bwd": {"block_m": 64, "block_n": 32, "threads": 128, "num_stages": 1}},
 }
 COMMENT = "# tuned by opgen tune on NVIDIA H200, 2026-12-05"
@@ -280,15 +393,15 @@ def test_writer_keeps_every_line_and_is_idempotent():
 def test_writer_replaces_an_earlier_table():
     once = tune.write_tuned(SPEC_TEXT, AT.TUNER, WINNERS, COMMENT)
     later = "# tuned by opgen tune on NVIDIA H100, 2027-01-01"
-    again = tune.write_tuned(once, AT.TUNER, {(64, True): WINNERS[64, False]}, later)
+    again = tune.write_tuned(once, AT.TUNER, {(64, True, 0): WINNERS[64, False, 0]}, later)
     assert COMMENT not in again and again.count("[[tiling.tuned]]") == 1
-    assert again == tune.write_tuned(SPEC_TEXT, AT.TUNER, {(64, True): WINNERS[64, False]}, later)
+    assert again == tune.write_tuned(SPEC_TEXT, AT.TUNER, {(64, True, 0): WINNERS[64, False, 0]}, later)
     assert tune.write_tuned(once, AT.TUNER, {}, later) == SPEC_TEXT
 
 
 def test_writer_writes_an_overlapped_winner_as_toml():
     # A candidate's tiling holds overlap as a Python bool; the spec needs TOML's `true`.
-    overlapped = tune.as_candidate(AT.TUNER, (128, True), "fwd", {"block_m": 128, "block_n": 128,
+    overlapped = tune.as_candidate(AT.TUNER, (128, True, 0), "fwd", {"block_m": 128, "block_n": 128,
                                                         "threads": 256, "num_stages": 2,
                                                         "overlap": True})
     spec = spec_of(SPEC_TEXT)
@@ -300,12 +413,12 @@ def test_writer_writes_an_overlapped_winner_as_toml():
 
 def test_merged_entries_keep_phases_not_tuned():
     spec = spec_of(tune.write_tuned(SPEC_TEXT, AT.TUNER, WINNERS, COMMENT))
-    new_fwd = tune.as_candidate(AT.TUNER, (128, True), "fwd", {"block_m": 128, "block_n": 32, "threads": 256,
+    new_fwd = tune.as_candidate(AT.TUNER, (128, True, 0), "fwd", {"block_m": 128, "block_n": 32, "threads": 256,
                                                      "num_stages": 1})
     entries = tune.merged_entries(spec, {new_fwd.variant: new_fwd})
-    assert entries[128, True]["fwd"]["block_n"] == 32
-    assert entries[128, True]["bwd"] == WINNERS[128, True]["bwd"]
-    assert entries[64, False] == WINNERS[64, False]
+    assert entries[128, True, 0]["fwd"]["block_n"] == 32
+    assert entries[128, True, 0]["bwd"] == WINNERS[128, True, 0]["bwd"]
+    assert entries[64, False, 0] == WINNERS[64, False, 0]
 
 
 def test_tune_refuses_other_families_and_phases(tmp_path, run_opgen):
@@ -410,7 +523,7 @@ def test_compile_job_is_the_kernel_the_timing_launches(tmp_path):
     package's run_forward / run_backward launch it with at the tune shape (heads included): on a
     GPU the timing then loads the checked kernels from TileLang's cache instead of building them
     again (run 32 rebuilt every candidate: the check used one head)."""
-    for name in ("attention", "gqa"):
+    for name in ("attention", "gqa", "attention_sink"):
         path = REPO_ROOT / f"specs/{name}.toml"
         spec, gen = validate(ATTENTION, read_spec(path)), generate(path)
         with tune.imported_package(gen.files, spec.name, tmp_path / name) as autograd:
@@ -421,9 +534,10 @@ def test_compile_job_is_the_kernel_the_timing_launches(tmp_path):
         validate(ATTENTION, read_spec(path))
         for c in tune.candidates(spec, ("fwd", "bwd"), max_candidates=2):
             job = tune.compile_job(spec, gen.plan, c)
-            shape = AT.tune_shape(spec, c.key[0])
+            dim, causal, window = c.key
+            shape = AT.tune_shape(spec, dim, window)
             heads, kv_heads = shape["heads"], shape["kv_heads"]
-            calls = autograd.variant_calls(heads, kv_heads, c.key[0], c.key[1], 0,
+            calls = autograd.variant_calls(heads, kv_heads, dim, causal, window,
                                            spec.attention.layouts[0], spec.bench.dtype,
                                            AT.default_softmax_scale(c.key[0]),
                                            *autograd.reductions(heads, kv_heads))
@@ -440,6 +554,6 @@ def test_gqa_head_dim_without_a_bench_shape_is_timed_grouped():
     assert AT.tune_shape(spec, 64) == AT.DEFAULT_GQA_SHAPE
     assert AT.tune_shape(spec, 128)["kv_heads"] == 8  # its bench shape
     (bwd,) = [c for c in tune.candidates(spec, ["bwd"], max_candidates=1)
-              if c.key == (64, True)]
+              if c.key == (64, True, 0)]
     assert tune.compile_job(spec, plan, bwd).args[-2:] == ("in_block", "in_block")
     assert AT.tune_shape(shipped("attention"), 64)["kv_heads"] == 16

@@ -141,13 +141,13 @@ def test_candidates_pass_the_rules_per_bench_channel_count_current_tiling_first(
         assert any(c.key == (channels,) and c.phase == "bwd" and tuple(c.tiling_dict.values()) == best
                    for c in found)
     assert len(found) == len(set(found))
-    only = tune.candidates(spec, ["bwd"], max_candidates=3, subset={1024})
+    only = tune.candidates(spec, ["bwd"], max_candidates=3, subset={"channels": {1024}})
     assert [c.variant for c in only] == [(1024, "bwd")] * 3
 
 
 def test_a_tuned_entry_is_the_current_tiling_of_its_channel_count():
     spec = spec_of(TUNED_SPEC.read_text())
-    (first, *_) = tune.candidates(spec, ["bwd"], subset={4096})
+    (first, *_) = tune.candidates(spec, ["bwd"], subset={"channels": {4096}})
     assert first.tiling_dict == {"block_rows": 64, "block_channels": 1024, "threads": 256}
 
 
@@ -219,7 +219,7 @@ def test_run_off_times_the_current_tiling_and_the_finalists_again_in_turn():
     round after round in turn, each keeping its best: a drift between minutes cannot pick the
     winner. The rest, and wrong or failed candidates (no time), are not timed again."""
     spec = spec_of(UNTUNED_TEXT)
-    first, b, c, d, e, wrong = tune.candidates(spec, ["bwd"], max_candidates=6, subset={1024})
+    first, b, c, d, e, wrong = tune.candidates(spec, ["bwd"], max_candidates=6, subset={"channels": {1024}})
     times = {first: 1.00, b: 0.97, c: 1.10, d: 0.99, e: 1.30, wrong: None}
     later = {first: iter([0.96, 0.95, 0.97]), b: iter([0.99, 0.98, 0.99]),
              c: iter([1.2, 1.2, 1.2]), d: iter([0.90, 1.0, 1.0])}
@@ -246,7 +246,7 @@ def test_time_by_key_checks_times_and_runs_off_with_the_package_restored(monkeyp
     import torch
 
     spec, plan = spec_of(UNTUNED_TEXT), load_plan(REPO_ROOT / "specs/rmsnorm.toml")[0]
-    first, b, c = tune.candidates(spec, ["bwd"], max_candidates=3, subset={4096})
+    first, b, c = tune.candidates(spec, ["bwd"], max_candidates=3, subset={"channels": {4096}})
     autograd = types.SimpleNamespace(__package__="standin", BWD_TILING={"base": 1},
                                      BWD_TILINGS={4096: {"tuned": 1}}, PLANS={"stale": 1})
     planned = []

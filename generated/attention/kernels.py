@@ -48,26 +48,53 @@ PREPROCESS_TILING = {"block_m": 32, "threads": 128}
 BWD_TILING = {"block_m": 128, "block_n": 32, "threads": 256, "num_stages": 2}
 POSTPROCESS_TILING = {"block_m": 64, "threads": 128}
 
-# Tiling per (head_dim, causal) from the spec's [[tiling.tuned]] (measured by `opgen tune`); a
-# variant not listed uses the tiling above. Sliding-window calls are causal.
+# Tiling per (head_dim, causal, max_window) from the spec's [[tiling.tuned]] (measured by
+# `opgen tune`; max_window 0: calls of any window or none); tuned_tiling picks a call's entry, and
+# a variant without one uses the tiling above. Sliding-window calls are causal.
 FWD_TILINGS = {
-    (64, False): {"block_m": 192, "block_n": 128, "threads": 384, "num_stages": 1},
-    (64, True): {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2, "overlap": True},
-    (128, False): {
+    (64, False, 0): {"block_m": 192, "block_n": 128, "threads": 384, "num_stages": 1},
+    (64, True, 0): {
         "block_m": 128,
         "block_n": 128,
         "threads": 256,
         "num_stages": 2,
         "overlap": True,
     },
-    (128, True): {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2, "overlap": True},
+    (128, False, 0): {
+        "block_m": 128,
+        "block_n": 128,
+        "threads": 256,
+        "num_stages": 2,
+        "overlap": True,
+    },
+    (128, True, 0): {
+        "block_m": 128,
+        "block_n": 128,
+        "threads": 256,
+        "num_stages": 2,
+        "overlap": True,
+    },
 }
 BWD_TILINGS = {
-    (64, False): {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 1},
-    (64, True): {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2},
-    (128, False): {"block_m": 128, "block_n": 64, "threads": 256, "num_stages": 2},
-    (128, True): {"block_m": 128, "block_n": 64, "threads": 256, "num_stages": 2},
+    (64, False, 0): {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 1},
+    (64, True, 0): {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2},
+    (128, False, 0): {"block_m": 128, "block_n": 64, "threads": 256, "num_stages": 2},
+    (128, True, 0): {"block_m": 128, "block_n": 64, "threads": 256, "num_stages": 2},
 }
+
+
+def tuned_tiling(tilings, base, head_dim, causal, window):
+    """The tiling a call launches a phase with. tilings: the phase's [[tiling.tuned]] entries,
+    {(head_dim, causal, max_window): tiling}, max_window 0 where the entry has none. A
+    sliding-window call takes the entry of its (head_dim, causal) with the narrowest max_window
+    at least its window; any other call, or a window wider than every max_window, the entry
+    without one; else the base tiling. Why per window: at a short window each query block sees
+    one to three key blocks, and the tiling that is fastest there (smaller blocks, two an SM) is
+    slower where a block walks many."""
+    fitting = [
+        w for d, c, w in tilings if (d, c) == (head_dim, causal) and w and window and window <= w
+    ]
+    return tilings.get((head_dim, causal, min(fitting, default=0)), base)
 
 
 def _shape(layout, batch, heads, seq_len, dim):

@@ -28,6 +28,7 @@ from .kernels import (
     padded_rows,
     paired_tiling,
     pairs_query_blocks,
+    tuned_tiling,
 )
 from .reference import gqa_reference
 
@@ -301,15 +302,14 @@ def variant_calls(
     dv_reduction,
 ):
     """(factory, args, tiling) of each phase's kernel for one variant: what the phases launch,
-    and what the first forward of a new variant builds at once. The fwd/bwd tiling is the one
-    tuned for (head_dim, causal), where the spec lists one. A causal variant without a window
-    has a second forward, "fwd_pairs", that short calls run (pairs_query_blocks): built with the
-    rest, so that no new length compiles a kernel."""
+    and what the first forward of a new variant builds at once. The fwd/bwd
+    tiling is the one tuned for the variant where the spec lists one (tuned_tiling).    A causal variant without a window has a second forward, "fwd_pairs", that short calls run
+    (pairs_query_blocks): built with the rest, so that no new length compiles a kernel."""
     calls = {
         "fwd": (
             gqa_fwd,
             (heads, kv_heads, head_dim, causal, window, layout, dtype, softmax_scale),
-            FWD_TILINGS.get((head_dim, causal), FWD_TILING),
+            tuned_tiling(FWD_TILINGS, FWD_TILING, head_dim, causal, window),
         ),
         "preprocess": (
             gqa_bwd_preprocess,
@@ -330,7 +330,7 @@ def variant_calls(
                 dk_reduction,
                 dv_reduction,
             ),
-            BWD_TILINGS.get((head_dim, causal), BWD_TILING),
+            tuned_tiling(BWD_TILINGS, BWD_TILING, head_dim, causal, window),
         ),
         "postprocess": (
             gqa_bwd_postprocess,

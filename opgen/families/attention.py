@@ -16,7 +16,8 @@ from pydantic import AfterValidator, Field, StrictBool
 
 from opgen.families import attention_launch
 from opgen.families.attention_launch import (has_paired_forward, heads_per_block,
-                                              paired_tiling, pairs_query_blocks, walks_heads)
+                                              paired_tiling, pairs_query_blocks, tuned_tiling,
+                                              walks_heads)
 from opgen.families.contract import Family
 from opgen.plan import (DTYPE_BYTES, CompileJob, FlopsBenchCase, GradPlan, PlanBase, SourceInfo,
                         Sweep, Table, base_fields, ceildiv, explain_tables,
@@ -173,20 +174,30 @@ DEFAULT_BENCH_SHAPES = (
 )
 
 
-# The phases whose tiling [[tiling.tuned]] may set per (head_dim, causal): the GEMM kernels,
-# with the model of each one's tiling table.
+# The phases whose tiling [[tiling.tuned]] may set per (head_dim, causal, max_window): the GEMM
+# kernels, with the model of each one's tiling table.
 TUNED_PHASES = ("fwd", "bwd")
 PHASE_TILING = {"fwd": FwdTiling, "bwd": AttentionTiling}
 
 
 class TunedTiling(StrictModel):
     """One [[tiling.tuned]] entry: the fwd and/or bwd tiling of calls at head_dim with this
-    causal flag (sliding-window calls are causal); other calls use [tiling.fwd] / [tiling.bwd]."""
+    causal flag (sliding-window calls are causal); with max_window, only of sliding-window calls
+    whose window is at most that (the narrowest such entry wins: tuned_tiling). Other calls use
+    [tiling.fwd] / [tiling.bwd]."""
 
     head_dim: HeadDim
     causal: StrictBool
+    # Left out of the spec's hash when not given, so an entry without it hashes as before.
+    max_window: PositiveInt | None = Field(None, exclude_if=lambda v: v is None)
     fwd: FwdTiling | None = None
     bwd: AttentionTiling | None = None
+
+
+def tuned_key(entry: TunedTiling) -> tuple[int, bool, int]:
+    """An entry's key in the package's tables and tuned_tiling: (head_dim, causal, max_window),
+    max_window 0 where it has none."""
+    return (entry.head_dim, entry.causal, entry.max_window or 0)
 
 
 def gemm_tilings(spec: "Spec") -> Iterator[GemmTiling]:
@@ -401,9 +412,9 @@ def tiling_problems(phase: str, tiling: GemmTiling, head_dims, causal: bool = Fa
 
 
 def tiles_fit_shared_memory(spec: Spec):
-    # Causal calls take the base tiling at every head dim without a tuned causal entry (both
-    # masks are built, whatever the `causal` default).
-    tuned_causal = {(e.head_dim, phase) for e in spec.tiling.tuned if e.causal
+    # Causal calls take the base tiling at every head dim without a tuned causal entry for every
+    # window (both masks are built, whatever the `causal` default).
+    tuned_causal = {(e.head_dim, phase) for e in spec.tiling.tuned if e.causal and not e.max_window
                     for phase in TUNED_PHASES if getattr(e, phase) is not None}
     for phase in TUNED_PHASES:
         tiling, dims = getattr(spec.tiling, phase), spec.attention.head_dims
@@ -435,8 +446,9 @@ def blocks_per_sm_fits(spec: Spec):
 
 
 def tuned_tilings_fit(spec: Spec):
-    """[[tiling.tuned]] entries: a built head dim, one entry per (head_dim, causal), and tilings
-    under the rules of the base tiling, at that head dim."""
+    """[[tiling.tuned]] entries: a built head dim, one entry per (head_dim, causal, max_window),
+    a max_window only on causal entries of a sliding-window spec whose tests run a window that
+    short, and tilings under the rules of the base tiling, at that head dim."""
     seen = set()
     for i, entry in enumerate(spec.tiling.tuned):
         where = f"tiling.tuned.{i}"
@@ -444,10 +456,19 @@ def tuned_tilings_fit(spec: Spec):
             yield f"{where}.head_dim", (
                 f"must be one of attention.head_dims {echo(spec.attention.head_dims)} "
                 f"(got {entry.head_dim})")
-        if (entry.head_dim, entry.causal) in seen:
-            yield where, (f"repeats head_dim = {entry.head_dim}, causal = "
-                          f"{echo(entry.causal)}: one entry per (head_dim, causal)")
-        seen.add((entry.head_dim, entry.causal))
+        if tuned_key(entry) in seen:
+            window = f", max_window = {entry.max_window}" if entry.max_window else ""
+            yield where, (f"repeats head_dim = {entry.head_dim}, causal = {echo(entry.causal)}"
+                          f"{window}: one entry per (head_dim, causal, max_window)")
+        seen.add(tuned_key(entry))
+        if entry.max_window:
+            if not (spec.attention.sliding_window and entry.causal):
+                yield f"{where}.max_window", ("needs attention.sliding_window = true and "
+                                              "causal = true (sliding-window calls are causal)")
+            elif not any(w <= entry.max_window for w in spec.test.windows):
+                yield f"{where}.max_window", (
+                    f"list a test window of at most {entry.max_window} in test.windows, so that "
+                    f"the generated tests run this tiling (got {echo(spec.test.windows)})")
         if entry.fwd is None and entry.bwd is None:
             yield where, "give fwd, bwd or both (a tiling table each)"
         for phase in TUNED_PHASES:
@@ -478,8 +499,8 @@ RULES = (
 Spec = family_spec(
     "attention", RULES, attention=AttentionSection, grads=AttentionGrads, saved=AttentionSaved,
     tiling=DEFAULT_TILING,
-    # [[tiling.tuned]]: tilings per (head_dim, causal), written by `opgen tune`. Left out of the
-    # spec's hash when empty, so a spec without it hashes as before the key existed.
+    # [[tiling.tuned]]: tilings per (head_dim, causal, max_window), written by `opgen tune`. Left
+    # out of the spec's hash when empty, so a spec without it hashes as before the key existed.
     tiling_keys={"tuned": (tuple[TunedTiling, ...], Field((), exclude_if=lambda v: not v))},
     # windows: the sliding windows to test (attention.sliding_window).
     test=TestSection.of(AttentionTestShape, DEFAULT_TEST_SHAPES,
@@ -591,15 +612,19 @@ class Plan(PlanBase):
     atomic_case: TestCase  # the shape of the atomic double-run check (grouped if any)
     smem: dict[str, dict[int, int]]  # phase -> head_dim -> bytes (estimate)
     bench_cases: tuple[FlopsBenchCase, ...]
-    # [[tiling.tuned]] as printed: kernel key -> {(head_dim, causal): tiling}, only for the
-    # phases that have entries (kernels.py prints each as <KEY>_TILINGS), and the expression
-    # variant_calls picks each phase's tiling with.
-    tuned: dict[str, dict[tuple[int, bool], dict[str, int]]]
+    # [[tiling.tuned]] as printed: kernel key -> {(head_dim, causal, max_window): tiling}, only
+    # for the phases that have entries (kernels.py prints each as <KEY>_TILINGS), the expression
+    # variant_calls picks each phase's tiling with, and the code of tuned_tiling (kernels.py's
+    # copy of the rule).
+    tuned: dict[str, dict[tuple[int, bool, int], dict[str, int]]]
     tiling_exprs: dict[str, str]
+    tuned_tiling_code: str
 
-    def tiling_for(self, key: str, head_dim: int, causal: bool) -> dict[str, int]:
-        """The tiling kernel `key` launches with at (head_dim, causal)."""
-        return self.tuned.get(key, {}).get((head_dim, causal), self.kernels[key].tiling)
+    def tiling_for(self, key: str, head_dim: int, causal: bool,
+                   window: int | None = None) -> dict[str, int]:
+        """The tiling kernel `key` launches with at (head_dim, causal, window)."""
+        return tuned_tiling(self.tuned.get(key, {}), self.kernels[key].tiling, head_dim, causal,
+                            window)
     # hf.py: the layout it passes transformers' [batch, heads, seq_len, head_dim] views in (bshd,
     # the transposed view, where the package has it: its output is the [batch, seq_len, heads,
     # head_dim] transformers wants), and the model its tests run.
@@ -680,8 +705,8 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
 
     tuned = tuned_tables(spec)
     tiling_exprs = {
-        key: (f"{k.tiling_name}S.get((head_dim, causal), {k.tiling_name})" if key in tuned
-              else k.tiling_name)
+        key: (f"tuned_tiling({k.tiling_name}S, {k.tiling_name}, head_dim, causal, window)"
+              if key in tuned else k.tiling_name)
         for key, k in kernels.items()
     }
 
@@ -782,6 +807,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         bench_fields=BENCH_FIELDS,
         tuned=tuned,
         tiling_exprs=tiling_exprs,
+        tuned_tiling_code=launch_code("tuned tilings"),
         bench_unit="TFLOP/s",
         sweep=Sweep("seq_len", "sequence length", SEQ_LEN_SWEEP, tuple(
             bench_case(first.model_copy(update={"seq_len": n})) for n in SEQ_LEN_SWEEP)),
@@ -807,10 +833,10 @@ def default_softmax_scale(head_dim: int) -> float:
     return (1.0 / head_dim) ** 0.5
 
 
-def tuned_tables(spec: Spec) -> dict[str, dict[tuple[int, bool], dict[str, int]]]:
-    """[[tiling.tuned]] by phase: {(head_dim, causal): tiling}, sorted, phases without entries
-    left out."""
-    return plan_tuned_tables(spec.tiling.tuned, lambda e: (e.head_dim, e.causal), TUNED_PHASES)
+def tuned_tables(spec: Spec) -> dict[str, dict[tuple[int, bool, int], dict[str, int]]]:
+    """[[tiling.tuned]] by phase: {(head_dim, causal, max_window): tiling}, sorted, phases
+    without entries left out."""
+    return plan_tuned_tables(spec.tiling.tuned, tuned_key, TUNED_PHASES)
 
 
 def grouped_modes(chosen: dict[str, str]) -> tuple[str, ...]:
@@ -838,7 +864,8 @@ def _compile_jobs(spec, kernels, tuned, chosen, test_cases, mask_cases) -> tuple
             window = mask.window or 0
 
             def tiling(key):
-                return tuned.get(key, {}).get((dim, mask.causal), kernels[key].tiling)
+                return tuned_tiling(tuned.get(key, {}), kernels[key].tiling, dim, mask.causal,
+                                    window)
 
             k = kernels["fwd"]
             jobs.append(CompileJob(k.factory, (1, 1, dim, mask.causal, window, layout, dtype, scale),
@@ -888,9 +915,9 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     groups = h // kv
 
     def blocks(key):
-        return ceildiv(s, p.tiling_for(key, d, causal)["block_m"])
+        return ceildiv(s, p.tiling_for(key, d, causal, window)["block_m"])
 
-    fwd_tiling = p.tiling_for("fwd", d, causal)
+    fwd_tiling = p.tiling_for("fwd", d, causal, window)
     fwd_blocks = ceildiv(s, fwd_tiling["block_m"])
     # A short causal grid pairs query blocks i and n - 1 - i in one block; at a short window a
     # block walks several query heads.
@@ -929,7 +956,7 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
         ("gradient reductions", [["grad", "reduction", "buffer", "bytes", "why"], *reductions]),
         flops_table(fwd, "4 * B * H * D * visible (query, key) pairs",
                     flops_bwd(fwd), "2.5 x forward (5 GEMMs vs 2)"),
-        tilings={**{key: p.tiling_for(key, d, causal) for key in p.kernels},
+        tilings={**{key: p.tiling_for(key, d, causal, window) for key in p.kernels},
                  "fwd": paired_tiling(fwd_tiling) if paired else fwd_tiling},
     )
 

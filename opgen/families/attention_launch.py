@@ -1,11 +1,29 @@
-"""The attention forward's launch rules: which kernel, and how many query heads per block, a call
-of a given shape gets. The code between the marker lines below is copied verbatim into every
+"""The attention launch rules: which tiling each phase runs at, and which forward kernel with how
+many query heads per block, a call of a given shape gets. The code between the marker lines below is copied verbatim into every
 attention package's kernels.py (a package never imports opgen), and opgen's plan calls the same
 functions for the grids `opgen explain` shows: the rules live here, once.
 
 Behind the constants (H200, kernel alone, D128): pairing causal query blocks gains 37% at 8 query
 blocks (S1000) and 7-10% at 16, and loses to the single-block overlapped schedule at 32 and more.
 """
+
+# >>> tuned tilings
+def tuned_tiling(tilings, base, head_dim, causal, window):
+    """The tiling a call launches a phase with. tilings: the phase's [[tiling.tuned]] entries,
+    {(head_dim, causal, max_window): tiling}, max_window 0 where the entry has none. A
+    sliding-window call takes the entry of its (head_dim, causal) with the narrowest max_window
+    at least its window; any other call, or a window wider than every max_window, the entry
+    without one; else the base tiling. Why per window: at a short window each query block sees
+    one to three key blocks, and the tiling that is fastest there (smaller blocks, two an SM) is
+    slower where a block walks many."""
+    fitting = [
+        w for d, c, w in tilings if (d, c) == (head_dim, causal) and w and window and window <= w
+    ]
+    return tilings.get((head_dim, causal, min(fitting, default=0)), base)
+
+
+# <<<
+
 
 # >>> paired causal forward
 # Causal forward grids of at most this many query blocks pair them (pairs_query_blocks).

@@ -1,15 +1,16 @@
 """`opgen tune` for the attention family: a tiling per (head_dim, causal) and phase (fwd, bwd),
-timed through the package's run_forward / run_backward at the head dim's bench shape."""
+and per window of the bench shapes of a sliding-window spec (an entry with max_window), timed
+through the package's run_forward / run_backward at the head dim's (and window's) bench shape."""
 
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from opgen import tune
 from opgen.families.attention import (PHASE_TILING, TUNED_PHASES,
                                       default_softmax_scale, reductions, tiling_problems)
-from opgen.families.attention_launch import has_paired_forward, paired_tiling
+from opgen.families.attention_launch import has_paired_forward, paired_tiling, tuned_tiling
 from opgen.families.contract import Tuner
 from opgen.plan import CompileJob
 from opgen.tune import Candidate
@@ -44,11 +45,12 @@ def _worth_timing(tiling: dict[str, int]) -> bool:
     return tiling["threads"] > 128 or tiling["block_m"] <= 64
 
 
-def tune_shape(spec: Any, dim: int) -> dict[str, int]:
-    """batch, heads, kv_heads, seq_len a head dim is timed at: its first [bench] shape's, else
-    DEFAULT_GQA_SHAPE (attention.gqa) or DEFAULT_SHAPE."""
+def tune_shape(spec: Any, dim: int, window: int = 0) -> dict[str, int]:
+    """batch, heads, kv_heads, seq_len a head dim is timed at: its first [bench] shape's (with
+    this window, for a window's entry), else DEFAULT_GQA_SHAPE (attention.gqa) or
+    DEFAULT_SHAPE."""
     for shape in spec.bench.shapes:
-        if shape.head_dim == dim:
+        if shape.head_dim == dim and (not window or shape.window == window):
             return {"batch": shape.batch, "heads": shape.heads,
                     "kv_heads": shape.kv_heads or shape.heads, "seq_len": shape.seq_len}
     return dict(DEFAULT_GQA_SHAPE if spec.attention.gqa else DEFAULT_SHAPE)
@@ -59,12 +61,12 @@ def compile_job(spec: Any, plan: Any, key: tuple, phase: str, tiling: dict[str, 
     """The kernel a candidate launches at its tune shape (its heads and KV heads, the spec's
     first layout, the bench dtype, the default scale, the shape's dK/dV reductions): the very
     kernel the timing launches, so that on a GPU the timing loads it from TileLang's cache."""
-    dim, causal = key
+    dim, causal, window = key
     layout, dtype = spec.attention.layouts[0], spec.bench.dtype
     scale = default_softmax_scale(dim)
-    shape = tune_shape(spec, dim)
+    shape = tune_shape(spec, dim, window)
     heads, kv_heads = shape["heads"], shape["kv_heads"]
-    args = (heads, kv_heads, dim, causal, 0, layout, dtype, scale)
+    args = (heads, kv_heads, dim, causal, window, layout, dtype, scale)
     if phase == "bwd":
         chosen = reductions(spec)
         dk, dv = (chosen["dk"], chosen["dv"]) if heads > kv_heads else ("direct", "direct")
@@ -85,7 +87,7 @@ def prebuild_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candida
         job = tune.compile_job(spec, plan, candidate)
         factory = getattr(autograd, job.factory)
         calls.append((factory, job.args, job.tiling))
-        if candidate.phase == "fwd" and has_paired_forward(candidate.key[1], window=0):
+        if candidate.phase == "fwd" and has_paired_forward(*candidate.key[1:]):
             calls.append((factory, job.args, paired_tiling(job.tiling)))
     for start in range(0, len(calls), workers):
         try:
@@ -110,8 +112,8 @@ def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
     prebuild_candidates(spec, plan, autograd, found, workers)
 
     def calls_at(key):
-        dim, causal = key
-        shape = tune_shape(spec, dim)
+        dim, causal, window = key
+        shape = tune_shape(spec, dim, window)
         b, h, kv, s = shape["batch"], shape["heads"], shape["kv_heads"], shape["seq_len"]
         gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -127,16 +129,17 @@ def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
         do = randn(*qkv_shape(h))
         scale = default_softmax_scale(dim)
         leaves = [t.detach().float().requires_grad_() for t in inputs]
-        ref_out = reference(*leaves, causal=causal, layout=layout, softmax_scale=scale)
+        windowed = {"window": window} if window else {}
+        ref_out = reference(*leaves, causal=causal, layout=layout, softmax_scale=scale, **windowed)
         ref_grads = torch.autograd.grad(ref_out, leaves, do.float())
         ref_out = ref_out.detach()  # its graph freed before the package runs
-        o, lse = autograd.run_forward(*inputs, causal, None, layout, scale)
+        o, lse = autograd.run_forward(*inputs, causal, window or None, layout, scale)
 
         def fwd():
-            return autograd.run_forward(*inputs, causal, None, layout, scale)
+            return autograd.run_forward(*inputs, causal, window or None, layout, scale)
 
         def bwd():
-            return autograd.run_backward(*inputs, o, lse, do, causal, None, layout, scale)
+            return autograd.run_backward(*inputs, o, lse, do, causal, window or None, layout, scale)
 
         return {"fwd": (fwd, ("O",), (ref_out,)),
                 "bwd": (bwd, ("dQ", "dK", "dV", "dsinks"), ref_grads)}
@@ -147,16 +150,27 @@ def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
 
 class AttentionTuner(Tuner):
     phases = TUNED_PHASES
-    key_fields = ("head_dim", "causal")
-    subset_option = "--head-dims"
-    subset_noun = "the spec's head dims"
+    key_fields = ("head_dim", "causal", "max_window")
+    key_defaults = {"max_window": 0}
+    subset_options = {"--head-dims": ("head_dim", "the spec's head dims"),
+                      "--windows": ("max_window", "the bench shapes' windows (0: none)")}
 
-    def keys(self, spec: Any, subset: Iterable[Any] | None = None) -> list[tuple]:
-        dims = [d for d in spec.attention.head_dims if subset is None or d in subset]
-        return list(itertools.product(dims, (False, True)))
+    def keys(self, spec: Any) -> list[tuple]:
+        """Per head dim: full and causal calls, then causal calls at each window of its bench
+        shapes (a sliding-window spec)."""
+        keys = []
+        for dim in spec.attention.head_dims:
+            windows = sorted({s.window for s in spec.bench.shapes
+                              if s.head_dim == dim and s.window})
+            keys += [(dim, False, 0), (dim, True, 0), *((dim, True, w) for w in windows)]
+        return keys
 
-    def subset_values(self, spec: Any) -> tuple:
-        return tuple(spec.attention.head_dims)
+    def current(self, spec: Any, key: tuple, phase: str) -> dict[str, Any]:
+        """What the package launches at key now: a window's entry, else the entry for every
+        window, else the base tiling (tuned_tiling)."""
+        tilings = {k: entry[phase] for k, entry in self.entries(spec).items() if phase in entry}
+        dim, causal, window = key
+        return tuned_tiling(tilings, getattr(spec.tiling, phase).model_dump(), dim, causal, window)
 
     def space(self, spec: Any, key: tuple, phase: str) -> list[dict[str, Any]]:
         keys = {**SEARCH_SPACE, **PHASE_SPACE[phase]}
@@ -168,15 +182,15 @@ class AttentionTuner(Tuner):
         return PHASE_TILING[phase](**tiling).model_dump()
 
     def problems(self, spec: Any, key: tuple, phase: str, tiling: dict[str, Any]) -> list:
-        dim, causal = key
+        dim, causal, _ = key
         return tiling_problems(phase, PHASE_TILING[phase](**tiling), (dim,), causal)
 
     def compile_job(self, spec, plan, key, phase, tiling, label) -> CompileJob:
         return compile_job(spec, plan, key, phase, tiling, label)
 
     def describe(self, key: tuple) -> str:
-        dim, causal = key
-        return f"d{dim} {'causal' if causal else 'full'}"
+        dim, causal, window = key
+        return f"d{dim} {'causal' if causal else 'full'}" + (f" window<={window}" if window else "")
 
     def describe_tiling(self, tiling: dict[str, Any]) -> str:
         return (f"{tiling['block_m']}x{tiling['block_n']} threads={tiling['threads']} "

@@ -93,17 +93,29 @@ class Tuner(ABC):
     the compile check, picking winners and writing them into the spec."""
 
     phases: tuple[str, ...]  # the phases an entry may set, in the order entries list them
-    key_fields: tuple[str, ...]  # an entry's key, e.g. ("head_dim", "causal")
-    subset_option: str  # the CLI option that picks some keys' first field, e.g. "--head-dims"
-    subset_noun: str  # what that option names, e.g. "the spec's head dims"
+    key_fields: tuple[str, ...]  # an entry's key, e.g. ("head_dim", "causal", "max_window")
+    # Key fields an entry may leave out, and the value a key holds then (attention's max_window:
+    # 0, an entry for every window); an entry is written without a field at its default.
+    key_defaults: dict[str, Any] = {}
+    # The CLI options that pick some keys: option -> (the key field it names, what its values
+    # are), e.g. {"--head-dims": ("head_dim", "the spec's head dims")}.
+    subset_options: dict[str, tuple[str, str]]
 
     @abstractmethod
-    def keys(self, spec: Any, subset: Iterable[Any] | None = None) -> list[tuple]:
-        """The keys to tune, in order (those whose first field is in subset, if given)."""
+    def keys(self, spec: Any) -> list[tuple]:
+        """The keys to tune, in order."""
 
-    @abstractmethod
-    def subset_values(self, spec: Any) -> tuple:
-        """The values subset_option may name."""
+    def subset_values(self, spec: Any, field: str) -> tuple:
+        """The values a subset option may name for a key field: those of the spec's keys."""
+        i = self.key_fields.index(field)
+        return tuple(dict.fromkeys(key[i] for key in self.keys(spec)))
+
+    def chosen_keys(self, spec: Any, subset: Mapping[str, Iterable[Any]] | None = None
+                    ) -> list[tuple]:
+        """The keys to tune: those whose fields are all among subset's values for them."""
+        subset = subset or {}
+        return [key for key in self.keys(spec)
+                if all(key[self.key_fields.index(f)] in values for f, values in subset.items())]
 
     @abstractmethod
     def space(self, spec: Any, key: tuple, phase: str) -> list[dict[str, Any]]:
@@ -143,8 +155,12 @@ class Tuner(ABC):
 
     def entries(self, spec: Any) -> dict[tuple, dict[str, dict[str, Any]]]:
         """The spec's [[tiling.tuned]] entries: key -> {phase: tiling}."""
-        tables = tuned_tables(spec.tiling.tuned,
-                              lambda e: tuple(getattr(e, f) for f in self.key_fields), self.phases)
+        def key(entry):
+            values = (getattr(entry, f) for f in self.key_fields)
+            return tuple(self.key_defaults[f] if v is None else v
+                         for f, v in zip(self.key_fields, values))
+
+        tables = tuned_tables(spec.tiling.tuned, key, self.phases)
         found: dict[tuple, dict[str, dict[str, Any]]] = {}
         for phase, table in tables.items():
             for key, tiling in table.items():

@@ -10,7 +10,7 @@ up to 20% faster than the one tiling that serves all three.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from opgen import tune
 from opgen.families.contract import Tuner
@@ -90,14 +90,10 @@ def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
 class RmsnormTuner(Tuner):
     phases = PHASES
     key_fields = ("channels",)
-    subset_option = "--channels"
-    subset_noun = "the bench shapes' channel counts"
+    subset_options = {"--channels": ("channels", "the bench shapes' channel counts")}
 
-    def keys(self, spec: Any, subset: Iterable[Any] | None = None) -> list[tuple]:
-        return [(c,) for c in self.subset_values(spec) if subset is None or c in subset]
-
-    def subset_values(self, spec: Any) -> tuple:
-        return tuple(dict.fromkeys(s.channels for s in spec.bench.shapes))
+    def keys(self, spec: Any) -> list[tuple]:
+        return [(c,) for c in dict.fromkeys(s.channels for s in spec.bench.shapes)]
 
     def space(self, spec: Any, key: tuple, phase: str) -> list[dict[str, Any]]:
         keys = SEARCH_SPACE[phase]

@@ -303,9 +303,8 @@ def variant_calls(
     dv_reduction,
 ):
     """(factory, args, tiling) of each phase's kernel for one variant: what the phases launch,
-    and what the first forward of a new variant builds at once. A causal variant without a window
-    has a second forward, "fwd_pairs", that short calls run (pairs_query_blocks): built with the
-    rest, so that no new length compiles a kernel."""
+    and what the first forward of a new variant builds at once.    A causal variant without a window has a second forward, "fwd_pairs", that short calls run
+    (pairs_query_blocks): built with the rest, so that no new length compiles a kernel."""
     calls = {
         "fwd": (
             attention_recompute_fwd,
