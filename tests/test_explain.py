@@ -100,19 +100,24 @@ def test_short_window_grid_walks_heads():
     from opgen.render import load_plan
 
     plan, _ = load_plan(REPO_ROOT / "specs/attention_sink.toml")
-    assert plan.tiling_for("fwd", 64, True)["block_m"] == 128  # the grids below assume it
+    # The grids below assume these: 128 x 128 blocks past a window of 128, 64 x 64 up to it.
+    assert [(t["block_m"], t["block_n"]) for t in (plan.tiling_for("fwd", 64, True, 129),
+                                                  plan.tiling_for("fwd", 64, True, 128))] == [
+        (128, 128), (64, 64)]
     grids = {}
-    for batch, seq_len, window in ((1, 128, 128), (2, 1000, 128), (2, 1000, 1024), (8, 4096, 16)):
+    for batch, seq_len, window in ((1, 128, 129), (2, 1000, 129), (2, 1000, 1024), (2, 1000, 128),
+                                   (8, 4096, 16)):
         shape = dict(batch=batch, heads=64, kv_heads=8, seq_len=seq_len, head_dim=64, causal=True,
                      window=window)
         rows = dict(attention.explain(plan, shape))["kernels"]
         row = next(row for row in rows if row[0].endswith("_fwd"))
         grids[batch, seq_len, window] = row[2].rsplit(" = ", 1)[1]
     assert grids == {
-        (1, 128, 128): "(1, 64, 1)",  # one query block: walking heads would leave SMs idle
-        (2, 1000, 128): "(8, 8, 2)",  # 16 query blocks: 8 heads a block, 128 blocks
+        (1, 128, 129): "(1, 64, 1)",  # one query block: walking heads would leave SMs idle
+        (2, 1000, 129): "(8, 8, 2)",  # 16 query blocks: 8 heads a block, 128 blocks
         (2, 1000, 1024): "(8, 64, 2)",  # a long window: one head a block
-        (8, 4096, 16): "(32, 8, 8)",
+        (2, 1000, 128): "(16, 64, 2)",  # 64 x 64 blocks see three key blocks: one head a block
+        (8, 4096, 16): "(64, 8, 8)",  # 64 x 64 blocks that see two: 8 heads a block
     }
 
 

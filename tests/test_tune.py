@@ -133,11 +133,17 @@ def test_bad_tuned_entries(entry, field, words):
     assert any(f == field and words in m for f, m in info.value.problems), info.value.problems
 
 
-# attention_sink's spec (sliding windows, test windows 16 and 700) with entries for d64 causal
-# calls at windows up to 128 and up to 1024, besides its entry for every d64 causal call.
+# attention_sink's scaffold (sliding windows, test windows 16 and 700) with entries for d64 causal
+# calls at windows up to 128 and up to 1024, besides one for every d64 causal call.
 SHORT = "{ block_m = 64, block_n = 64, threads = 128, num_stages = 2, blocks_per_sm = 2 }"
 MEDIUM = "{ block_m = 128, block_n = 64, threads = 256, num_stages = 2 }"
-WINDOWED_TEXT = (REPO_ROOT / "specs/attention_sink.toml").read_text() + f"""
+WINDOWED_TEXT = scaffold_text("attention_sink") + f"""
+[[tiling.tuned]]
+head_dim = 64
+causal = true
+fwd = {{ block_m = 128, block_n = 128, threads = 256, num_stages = 2, overlap = true }}
+bwd = {{ block_m = 128, block_n = 128, threads = 256, num_stages = 2 }}
+
 [[tiling.tuned]]
 head_dim = 64
 causal = true
@@ -166,7 +172,7 @@ def test_a_window_entry_serves_the_windows_up_to_its_max_window(tmp_path):
         assert plan.tiling_for("fwd", 64, True, window) == fwd, window
     assert plan.tiling_for("bwd", 64, True, 16) == short
     assert plan.tiling_for("bwd", 64, True, 700) == plan.tuned["bwd"][64, True, 0]
-    assert plan.tiling_for("fwd", 128, True, 16) == plan.tuned["fwd"][128, True, 0]
+    assert plan.tiling_for("fwd", 128, True, 16) == plan.kernels["fwd"].tiling  # no d128 entry
     # The compile check builds the test windows' kernels (16 and 700) with the tilings they
     # launch with, and the package's variant_calls picks the same by the same rule.
     jobs = {(j.args[2], j.args[4]): j.tiling for j in plan.compile_jobs
@@ -194,21 +200,20 @@ def test_a_window_entry_serves_the_windows_up_to_its_max_window(tmp_path):
 
 @pytest.mark.parametrize("entry, field, words", [
     ("head_dim = 64\ncausal = false\nmax_window = 128\nfwd = " + SHORT,
-     "tiling.tuned.4.max_window", "needs attention.sliding_window = true and causal = true"),
+     "tiling.tuned.0.max_window", "needs attention.sliding_window = true and causal = true"),
     ("head_dim = 64\ncausal = true\nmax_window = 8\nfwd = " + SHORT,
-     "tiling.tuned.4.max_window", "list a test window of at most 8 in test.windows"),
+     "tiling.tuned.0.max_window", "list a test window of at most 8 in test.windows"),
     ("head_dim = 64\ncausal = true\nmax_window = 0\nfwd = " + SHORT,
-     "tiling.tuned.4.max_window", "must be greater than or equal to 1"),
+     "tiling.tuned.0.max_window", "must be greater than or equal to 1"),
 ])
 def test_bad_window_entries(entry, field, words):
-    text = (REPO_ROOT / "specs/attention_sink.toml").read_text()
     with pytest.raises(SpecError) as info:
-        spec_of(text + "\n[[tiling.tuned]]\n" + entry + "\n")
+        spec_of(scaffold_text("attention_sink") + "\n[[tiling.tuned]]\n" + entry + "\n")
     assert any(f == field and words in m for f, m in info.value.problems), info.value.problems
     with pytest.raises(SpecError) as info:
         spec_of(WINDOWED_TEXT + "\n[[tiling.tuned]]\nhead_dim = 64\ncausal = true\n"
                 "max_window = 128\nfwd = " + MEDIUM + "\n")
-    assert ("tiling.tuned.6", "repeats head_dim = 64, causal = true, max_window = 128: one entry "
+    assert ("tiling.tuned.3", "repeats head_dim = 64, causal = true, max_window = 128: one entry "
             "per (head_dim, causal, max_window)") in info.value.problems
 
 
@@ -235,8 +240,7 @@ def test_a_sliding_window_spec_tunes_each_bench_window(tmp_path, run_opgen):
                             COMMENT)
     assert text.count("max_window = ") == 3 and "max_window = 0" not in text
     assert [(e.head_dim, e.causal, e.max_window) for e in spec_of(text).tiling.tuned] == [
-        (64, False, None), (64, True, None), (64, True, 128), (64, True, 1024), (128, False, None),
-        (128, True, None), (128, True, 1024)]
+        (64, True, None), (64, True, 128), (64, True, 1024), (128, True, 1024)]
     (tmp_path / "specs").mkdir()
     (tmp_path / "specs/a.toml").write_text(WINDOWED_TEXT)
     result = run_opgen("tune", "specs/a.toml", "--windows", "64", "--dry-run", cwd=tmp_path)
