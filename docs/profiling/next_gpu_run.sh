@@ -4,14 +4,16 @@
 # the next call ready; carry .gpu, built with `../shared/tools/gpu-bundle
 # flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof, from `bash next_gpu_run.sh prep`).
 # Session 27 ran session 26's list (runs 120-122) and the model steps (runs 123-124); session 28
-# got an H100 late (runs 125-126). Left for the next, in this order:
-#   0. A forward tiling for short windows (runs 125-126, H100): two blocks an SM took the gpt-oss
-#      shape's forward (sinks, 64/8 heads, D64, window 128) from 0.149 to 0.104 ms, but lose 1-9%
-#      on unwindowed D64 causal calls, which share its [[tiling.tuned]] entry (per head dim and
-#      mask). Wanted: a tuned entry (or rule) for windows a block covers in two key blocks
-#      (walks_heads' case), tuned on the H200, then attention_sink's tests and bench (run 105's
-#      gpt-oss row: 1.11x / 1.12x FlexAttention; the H100's bench with the two-block forward:
-#      2.50x / 2.00x). Time the rest of the two-block space there too (64x32, one stage).
+# got an H100 late (runs 125-126); session 29 none (every start refused). Left, in this order:
+#   0. The short-window forward (session 29): [[tiling.tuned]] entries may now serve only windows
+#      up to max_window, and attention_sink's spec runs d64 causal windows <= 128 on 64x64 blocks,
+#      two an SM (from run 125's H100 probe; never run). `TESTS_TIMEOUT=270 bash
+#      docs/profiling/next_gpu_run.sh tests attention_sink` (the window-16 cases run it, walking
+#      heads) and `bash docs/profiling/next_gpu_run.sh bench attention_sink` (the gpt-oss row:
+#      run 105's 1.11x / 1.12x FlexAttention). Then let opgen tune decide on the H200:
+#      `TUNE_ARGS="--windows 128,1024" bash docs/profiling/next_gpu_run.sh tune attention_sink`
+#      (48 + 44 candidates; ~5 min each window): its winners replace the hand entry (whose comment
+#      stays behind: delete it).
 #   0b. bulk-dq (branch bulk-dq, main merged): right, and 0.951-1.015x the package's backward on
 #      the H100 (run 126): -5% at D64 and the short window, +1.2-1.5% at D128 full. Repeat
 #      `VARIANTS="no-dq-atomics,no-dq,bulk-dq" timeout 500 python
