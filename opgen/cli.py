@@ -611,10 +611,11 @@ def tune(
                                       "1-3 percent: a smaller gain is noise)."),
 ) -> None:
     """Time the fwd/bwd tilings the spec's rules accept per variant (attention: per (head_dim,
-    causal), and per bench window of a sliding-window spec; rmsnorm: per bench channel count) on this GPU and write the fastest into the spec's
-    tiling.tuned table (a diff is printed). Each candidate is compile-checked, then checked
-    against the reference before it is timed. Without a GPU (or with --dry-run) it lists the
-    candidates and writes nothing. Exit 1 when no candidate is left."""
+    causal), and per bench window of a sliding-window spec; rmsnorm: per bench channel count)
+    on this GPU and write the fastest into the spec's tiling.tuned table (a diff is printed).
+    Each candidate is compile-checked, then checked against the reference before it is timed.
+    Without a GPU (or with --dry-run) it lists the candidates and writes nothing. Exit 1 when no
+    candidate is left."""
     import datetime
     import tomllib
 

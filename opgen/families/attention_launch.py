@@ -1,7 +1,8 @@
-"""The attention launch rules: which tiling each phase runs at, and which forward kernel with how
-many query heads per block, a call of a given shape gets. The code between the marker lines below is copied verbatim into every
-attention package's kernels.py (a package never imports opgen), and opgen's plan calls the same
-functions for the grids `opgen explain` shows: the rules live here, once.
+"""The attention launch rules: the tiling each phase runs at, and the forward kernel (and how many
+query heads per block) a call of a given shape gets. The code between the marker lines below is
+copied verbatim into every attention package's kernels.py (a package never imports opgen), and
+opgen's plan calls the same functions for its compile jobs and the grids `opgen explain` shows:
+the rules live here, once.
 
 Behind the constants (H200, kernel alone, D128): pairing causal query blocks gains 37% at 8 query
 blocks (S1000) and 7-10% at 16, and loses to the single-block overlapped schedule at 32 and more.
