@@ -4,16 +4,14 @@
 # the next call ready; carry .gpu, built with `../shared/tools/gpu-bundle
 # flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof, from `bash next_gpu_run.sh prep`).
 # Session 27 ran session 26's list (runs 120-122) and the model steps (runs 123-124); session 28
-# got an H100 late (runs 125-126); session 29 none (every start refused). Left, in this order:
-#   0. The short-window forward (session 29): [[tiling.tuned]] entries may now serve only windows
-#      up to max_window, and attention_sink's spec runs d64 causal windows <= 128 on 64x64 blocks,
-#      two an SM (from run 125's H100 probe; never run). `TESTS_TIMEOUT=270 bash
-#      docs/profiling/next_gpu_run.sh tests attention_sink` (the window-16 cases run it, walking
-#      heads) and `bash docs/profiling/next_gpu_run.sh bench attention_sink` (the gpt-oss row:
-#      run 105's 1.11x / 1.12x FlexAttention). Then let opgen tune decide on the H200:
+# got an H100 late (runs 125-126); session 29 one H200 call late (run 127). Left, in this order:
+#   0. The short-window forward (session 29): [[tiling.tuned]] entries may serve only windows up
+#      to max_window; attention_sink runs d64 causal windows <= 128 on 64x64 blocks, two an SM
+#      (run 125's H100 probe winner). Run 127 (H200): its tests pass, gpt-oss fwd 0.106 ms (was
+#      0.151), 1.37x / 1.53x FlexAttention. Let opgen tune decide on the H200:
 #      `TUNE_ARGS="--windows 128,1024" bash docs/profiling/next_gpu_run.sh tune attention_sink`
 #      (48 + 44 candidates; ~5 min each window): its winners replace the hand entry (whose comment
-#      stays behind: delete it).
+#      stays behind: delete it); then the attention_sink tests and bench again.
 #   0b. bulk-dq (branch bulk-dq, main merged): right, and 0.951-1.015x the package's backward on
 #      the H100 (run 126): -5% at D64 and the short window, +1.2-1.5% at D128 full. Repeat
 #      `VARIANTS="no-dq-atomics,no-dq,bulk-dq" timeout 500 python
