@@ -23,11 +23,6 @@
 #   2. linear_attention's host rows: `timeout 500 python -m
 #      generated.linear_attention.bench_linear_attention --overhead` (run 122's 200 s ran out in
 #      flash-linear-attention's Triton autotuning at the tiny shape).
-#   3. rmsnorm's forward under no_grad without rstd (session 28: a call that no backward follows
-#      saves nothing; CPU-checked routing, never run): `bash docs/profiling/next_gpu_run.sh tests
-#      rmsnorm rmsnorm_tuned` (test_forward_without_gradients_is_the_training_forward compares
-#      it bit for bit with the training forward) and `python -m generated.rmsnorm.bench_rmsnorm
-#      --overhead` (the eval fwd row against run 122's 20.5 us, eager 13.6).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
