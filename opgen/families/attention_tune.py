@@ -9,7 +9,8 @@ from typing import Any, Callable
 
 from opgen import tune
 from opgen.families.attention import (PHASE_TILING, TUNED_PHASES,
-                                      default_softmax_scale, reductions, tiling_problems)
+                                      default_softmax_scale, reductions, tiling_problems,
+                                      tuned_key)
 from opgen.families.attention_launch import has_paired_forward, paired_tiling, tuned_tiling
 from opgen.families.contract import Tuner
 from opgen.plan import CompileJob
@@ -154,6 +155,9 @@ class AttentionTuner(Tuner):
     key_defaults = {"max_window": 0}
     subset_options = {"--head-dims": ("head_dim", "the spec's head dims"),
                       "--windows": ("max_window", "the bench shapes' windows (0: none)")}
+
+    def entry_key(self, entry: Any) -> tuple:
+        return tuned_key(entry)  # max_window 0 where an entry has none, as the package's tables
 
     def keys(self, spec: Any) -> list[tuple]:
         """Per head dim: full and causal calls, then causal calls at each window of its bench

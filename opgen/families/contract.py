@@ -94,8 +94,8 @@ class Tuner(ABC):
 
     phases: tuple[str, ...]  # the phases an entry may set, in the order entries list them
     key_fields: tuple[str, ...]  # an entry's key, e.g. ("head_dim", "causal", "max_window")
-    # Key fields an entry may leave out, and the value a key holds then (attention's max_window:
-    # 0, an entry for every window); an entry is written without a field at its default.
+    # Key fields written only where they differ from these values (attention's max_window: 0,
+    # the key of an entry for every window: see entry_key).
     key_defaults: dict[str, Any] = {}
     # The CLI options that pick some keys: option -> (the key field it names, what its values
     # are), e.g. {"--head-dims": ("head_dim", "the spec's head dims")}.
@@ -153,14 +153,13 @@ class Tuner(ABC):
         tiling = self.entries(spec).get(key, {}).get(phase)
         return tiling if tiling is not None else getattr(spec.tiling, phase).model_dump()
 
+    def entry_key(self, entry: Any) -> tuple:
+        """An entry's key: its key_fields' values (the family's plan keys its tables the same)."""
+        return tuple(getattr(entry, f) for f in self.key_fields)
+
     def entries(self, spec: Any) -> dict[tuple, dict[str, dict[str, Any]]]:
         """The spec's [[tiling.tuned]] entries: key -> {phase: tiling}."""
-        def key(entry):
-            values = (getattr(entry, f) for f in self.key_fields)
-            return tuple(self.key_defaults[f] if v is None else v
-                         for f, v in zip(self.key_fields, values))
-
-        tables = tuned_tables(spec.tiling.tuned, key, self.phases)
+        tables = tuned_tables(spec.tiling.tuned, self.entry_key, self.phases)
         found: dict[tuple, dict[str, dict[str, Any]]] = {}
         for phase, table in tables.items():
             for key, tiling in table.items():
