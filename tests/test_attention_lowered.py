@@ -140,3 +140,15 @@ def test_two_blocks_an_sm_launch_at_128_registers_and_split_them_232_24():
         one = lower(factory, args, tiling)
         assert one.startswith("__launch_bounds__(256, 1)"), one[:40]
         assert "warpgroup_reg_alloc<240>" in one and "warpgroup_reg_dealloc<24>" in one
+
+
+def test_three_and_four_forward_blocks_an_sm_split_their_share_of_the_registers():
+    """The forward on three blocks an SM launches at 80 registers a thread (65536 / 768, down to
+    a multiple of 8) and hands 136 to the consumers, 24 to the producer; on four at 64, 104 / 24."""
+    gqa = import_generated("gqa", "kernels")
+    args = (32, 8, 64, True, 0, "bshd", "bfloat16", 0.125)
+    tiling = {"block_m": 64, "block_n": 64, "threads": 128, "num_stages": 2}
+    for blocks, consumer in ((3, 136), (4, 104)):
+        code = lower(gqa.gqa_fwd, args, {**tiling, "blocks_per_sm": blocks})
+        assert code.startswith(f"__launch_bounds__(256, {blocks})"), code[:40]
+        assert f"warpgroup_reg_alloc<{consumer}>" in code and "warpgroup_reg_dealloc<24>" in code

@@ -77,7 +77,8 @@ class AttentionTiling(GemmTiling):
     # 2: two blocks of one consumer warpgroup (threads 128) share an SM, their registers split
     # 232 / 24 between consumers and producer, each in at most half the SM's shared memory: one
     # block's loads and stores overlap the other's GEMMs. 1: a block has the SM alone (its
-    # registers fill it). Left out of the tiling (and the spec's hash) when 1.
+    # registers fill it). Left out of the tiling (and the spec's hash) when 1. Three blocks'
+    # 136 registers a consumer thread spill the backward's dK and dV accumulators.
     blocks_per_sm: Literal[1, 2] = Field(1, exclude_if=lambda v: v == 1)
 
 
@@ -92,6 +93,11 @@ class FwdTiling(AttentionTiling):
     # s - 1 and the softmax of s runs while PV is in flight (GPU run 36: +3-8% at 128x128, two
     # stages). Left out of the tiling (and the spec's hash) when false.
     overlap: StrictBool = Field(False, exclude_if=lambda v: not v)
+
+    # Also 3 or 4 blocks an SM (consumers at 136 or 104 registers, enough for a 64-row forward
+    # without spilling): more blocks to hide each other's loads and stores where a block is
+    # mostly prologue and epilogue (a short window's few key blocks).
+    blocks_per_sm: Literal[1, 2, 3, 4] = Field(1, exclude_if=lambda v: v == 1)
 
 
 # Hopper defaults. fwd 128x64 with a 256-thread consumer group and one pipeline stage, bwd 128x32
@@ -342,8 +348,11 @@ def bench_head_dims_built(spec: Spec):
             )
 
 
-# What each of two blocks an SM may hold of its 228 KB of shared memory (each block reserves 1 KB).
-TWO_BLOCKS_SMEM_LIMIT = (228 - 2) // 2 * 1024
+def shared_smem_limit(blocks_per_sm: int) -> int:
+    """What each of blocks_per_sm blocks sharing an SM may hold of its 228 KB of shared memory
+    (each block reserves 1 KB)."""
+    return (228 - blocks_per_sm) // blocks_per_sm * 1024
+
 
 
 def smem_problems(phase: str, tiling: GemmTiling, head_dims, causal: bool = False) -> Iterator[str]:
@@ -359,11 +368,12 @@ def smem_problems(phase: str, tiling: GemmTiling, head_dims, causal: bool = Fals
             if problem := over_smem_limit(need, at, "block_m, block_n or num_stages"):
                 yield problem
                 break
-            if getattr(tiling, "blocks_per_sm", 1) == 2 and need > TWO_BLOCKS_SMEM_LIMIT:
+            blocks = getattr(tiling, "blocks_per_sm", 1)
+            if blocks > 1 and need > shared_smem_limit(blocks):
                 yield (f"needs about {need // 1024} KB of shared memory{at}, over the "
-                       f"{TWO_BLOCKS_SMEM_LIMIT // 1024} KB each of two blocks an SM may hold "
-                       "(blocks_per_sm = 2); lower block_m, block_n or num_stages, or set "
-                       "blocks_per_sm = 1")
+                       f"{shared_smem_limit(blocks) // 1024} KB each of {blocks} blocks an SM may "
+                       f"hold (blocks_per_sm = {blocks}); lower block_m, block_n or num_stages, "
+                       "or blocks_per_sm")
                 break
 
 
@@ -394,10 +404,11 @@ def overlap_problems(tiling: GemmTiling) -> Iterator[tuple[str, str]]:
 def blocks_problems(tiling: GemmTiling) -> Iterator[tuple[str, str]]:
     """(key, problem) of two blocks an SM outside what their register split is for: one consumer
     warpgroup beside TileLang's producer (pipelined loads)."""
-    if getattr(tiling, "blocks_per_sm", 1) == 2 and (tiling.threads != 128 or tiling.num_stages < 1):
+    blocks = getattr(tiling, "blocks_per_sm", 1)
+    if blocks > 1 and (tiling.threads != 128 or tiling.num_stages < 1):
         yield ".blocks_per_sm", (
-            "blocks_per_sm = 2 needs threads = 128 and num_stages >= 1 (one consumer warpgroup "
-            "beside the producer of the pipelined loads: two such blocks fill an SM's "
+            f"blocks_per_sm = {blocks} needs threads = 128 and num_stages >= 1 (one consumer "
+            "warpgroup beside the producer of the pipelined loads: such blocks share an SM's "
             f"registers; got threads = {tiling.threads}, num_stages = {tiling.num_stages}): set "
             "them, or blocks_per_sm = 1")
 

@@ -194,17 +194,19 @@ def _dq_layout(layout, dQ):
 def split_registers(threads, blocks_per_sm):
     """The registers of a block's warpgroups (TileLang adds a producer warpgroup beside the
     `threads` consumer threads) where TileLang's own split does not serve:
-    - blocks_per_sm=2 (one consumer warpgroup): each block launches its 256 threads at 128
-      registers and gives 232 to its consumers, 24 to its producer (2 x 128 a thread in all), so
-      two blocks share an SM; by default such a block launches at 240 and has the SM alone.
+    - blocks_per_sm=n >= 2 (one consumer warpgroup): each block launches its 256 threads at
+      its share of the SM's 65536 registers (128 a thread at two blocks, 80 at three, 64 at
+      four; a multiple of 8) and gives its producer 24, its consumers the rest (232, 136, 104),
+      so n blocks share an SM; by default such a block launches at 240 and has the SM alone.
     - three consumer warpgroups (384 threads, 192 query rows): 384 x 160 + 128 x 24 fill the SM's
       64512. TileLang picks this split itself, with a warning at every build; stated here, it
       builds quietly.
     Other layouts keep TileLang's own split."""
-    if blocks_per_sm == 2:
-        T.annotate_min_blocks_per_sm(2)
+    if blocks_per_sm > 1:
+        launch = 65536 // (blocks_per_sm * 256) // 8 * 8
+        T.annotate_min_blocks_per_sm(blocks_per_sm)
         T.annotate_producer_reg_dealloc(24)
-        T.annotate_consumer_reg_alloc(232)
+        T.annotate_consumer_reg_alloc(2 * launch - 24)
     elif threads == 3 * 128:
         T.annotate_producer_reg_dealloc(24)
         T.annotate_consumer_reg_alloc(160)
@@ -239,7 +241,7 @@ def attention_recompute_fwd(
     flight, so the tensor cores are not idle during the softmax.
     pair_blocks=True (causal): block x walks query blocks x and n - 1 - x in one pipeline
     (pairs_query_blocks says when), with the plain schedule: grid dim 0 is ceil(n / 2).
-    blocks_per_sm=2 (threads 128): two blocks share an SM (split_registers).
+    blocks_per_sm=2, 3 or 4 (threads 128): that many blocks share an SM (split_registers).
     """
     batch, seq_len = runtime_dims()
     scale = softmax_scale * LOG2E
