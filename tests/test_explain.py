@@ -94,8 +94,9 @@ def test_tiling_column_is_what_the_shape_launches():
 
 def test_short_window_grid_walks_heads():
     """At a window so short that a query block sees at most two key blocks, a forward block walks
-    several query heads, as many as still leave blocks for 7/8 of the SMs (132 assumed, an H200):
-    the package's rule (attention_launch.heads_per_block), with the GPU's SM count at run time."""
+    several query heads, as many as still leave blocks for 7/8 of the block slots (132 SMs
+    assumed, an H200, times the tiling's blocks_per_sm): the package's rule
+    (attention_launch.heads_per_block), with the GPU's SM count at run time."""
     from opgen.families import attention
     from opgen.render import load_plan
 
@@ -106,7 +107,7 @@ def test_short_window_grid_walks_heads():
         (128, 128), (64, 64)]
     grids = {}
     for batch, seq_len, window in ((1, 128, 129), (2, 1000, 129), (2, 1000, 1024), (2, 1000, 128),
-                                   (8, 4096, 16)):
+                                   (8, 4096, 16), (1, 1000, 16)):
         shape = dict(batch=batch, heads=64, kv_heads=8, seq_len=seq_len, head_dim=64, causal=True,
                      window=window)
         rows = dict(attention.explain(plan, shape))["kernels"]
@@ -118,6 +119,8 @@ def test_short_window_grid_walks_heads():
         (2, 1000, 1024): "(8, 64, 2)",  # a long window: one head a block
         (2, 1000, 128): "(16, 64, 2)",  # 64 x 64 blocks see three key blocks: one head a block
         (8, 4096, 16): "(64, 8, 8)",  # 64 x 64 blocks that see two: 8 heads a block
+        # Two blocks an SM (264 slots): 8 heads a block would leave 128 blocks, under 7/8 of them.
+        (1, 1000, 16): "(16, 16, 1)",
     }
 
 

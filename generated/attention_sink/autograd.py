@@ -372,7 +372,7 @@ def launcher(call):
 
 @functools.cache
 def sm_count(device):
-    """The device's streaming multiprocessors: the blocks heads_per_block keeps busy."""
+    """The device's streaming multiprocessors, whose block slots heads_per_block keeps busy."""
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
@@ -428,7 +428,15 @@ class CallPlan:
         # walks, where the window is short enough for the kernel to walk several.
         fwd_tiling = calls["fwd"][2]
         self.fwd_scalars = (
-            (heads_per_block(batch, heads, seq_len, fwd_tiling["block_m"], sm_count(q.device)),)
+            (
+                heads_per_block(
+                    batch,
+                    heads,
+                    seq_len,
+                    fwd_tiling["block_m"],
+                    sm_count(q.device) * fwd_tiling.get("blocks_per_sm", 1),
+                ),
+            )
             if walks_heads(window, fwd_tiling["block_m"], fwd_tiling["block_n"])
             else ()
         )
