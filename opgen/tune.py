@@ -334,10 +334,15 @@ def time_by_key(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
     for c in found:
         by_key.setdefault(c.key, []).append(c)
 
-    def use(candidate: Candidate) -> None:
-        """The package set to launch the candidate's tiling."""
+    def restore() -> None:
+        """The package as it was: its own tilings, no call plans made with another's."""
         for name, value in saved.items():
             setattr(autograd, name, value)
+        autograd.PLANS.clear()
+
+    def use(candidate: Candidate) -> None:
+        """The package set to launch the candidate's tiling."""
+        restore()
         setattr(autograd, names[candidate.phase], candidate.tiling_dict)
         if hasattr(autograd, names[candidate.phase] + "S"):
             setattr(autograd, names[candidate.phase] + "S", {})
@@ -346,6 +351,10 @@ def time_by_key(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
 
     try:
         for key, mine in by_key.items():
+            # A key's inputs (a backward's saved forward outputs too) come from the package's
+            # own tilings, not the last candidate the previous key's run-off left set: that one
+            # may not even build at this key's head dim.
+            restore()
             calls = calls_at(key)
             for candidate in mine:
                 use(candidate)
@@ -377,7 +386,5 @@ def time_by_key(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
             del calls, retime
             torch.cuda.empty_cache()
     finally:
-        for name, value in saved.items():
-            setattr(autograd, name, value)
-        autograd.PLANS.clear()
+        restore()
     return times

@@ -276,3 +276,28 @@ def test_time_by_key_checks_times_and_runs_off_with_the_package_restored(monkeyp
     assert reports[-2:] == [(first, 0.95, "run-off, best of 4"), (c, 0.98, "run-off, best of 4")]
     assert autograd.BWD_TILING == {"base": 1} and autograd.BWD_TILINGS == {4096: {"tuned": 1}}
     assert autograd.PLANS == {}
+
+
+def test_each_key_s_inputs_are_made_with_the_package_s_own_tilings(monkeypatch):
+    """A key's calls (its inputs, a backward's saved forward outputs) are made with the package
+    as shipped, not with the tiling the previous key's run-off left set (an H100 tune run:
+    a d64 window's 3-blocks-an-SM forward, left set, failed to build at the next key's d128)."""
+    import types
+
+    import torch
+
+    spec, plan = spec_of(UNTUNED_TEXT), load_plan(REPO_ROOT / "specs/rmsnorm.toml")[0]
+    found = tune.candidates(spec, ["bwd"], max_candidates=2, subset={"channels": {1024, 4096}})
+    assert len({c.key for c in found}) == 2
+    autograd = types.SimpleNamespace(__package__="standin", BWD_TILING={"base": 1},
+                                     BWD_TILINGS={4096: {"tuned": 1}}, PLANS={})
+    monkeypatch.setitem(sys.modules, "standin.bench_rmsnorm",
+                        types.SimpleNamespace(stream_ms=lambda call: 1.0))
+    ref, made_at = torch.ones(3), []
+
+    def calls_at(key):
+        made_at.append((dict(autograd.BWD_TILING), dict(autograd.BWD_TILINGS)))
+        return {"bwd": (lambda: (ref.clone(),), ("dx",), (ref,))}
+
+    tune.time_by_key(spec, plan, autograd, found, lambda *report: None, {}, calls_at)
+    assert made_at == [({"base": 1}, {4096: {"tuned": 1}})] * 2

@@ -377,6 +377,29 @@ def smem_problems(phase: str, tiling: GemmTiling, head_dims, causal: bool = Fals
                 break
 
 
+# The registers a consumer thread has at three or four blocks an SM: ptxas builds the whole
+# kernel to its launch share (80 or 64), whatever the consumers' later raise (H100 tune run of
+# session 30: C7602 "insufficient registers" at 80 wherever the tiles need more).
+MANY_BLOCKS_ACCUMULATOR_REGISTERS = 64
+
+
+def register_problems(tiling: GemmTiling, head_dims) -> Iterator[str]:
+    """Why a forward on three or four blocks an SM does not build at one of head_dims: its fp32
+    score and output accumulators, block_m x (block_n + head_dim) over the threads, past
+    MANY_BLOCKS_ACCUMULATOR_REGISTERS a thread (64x64 at head_dim 64 is 64: it builds without
+    spilling; 64x32 at 128 is 80: it does not build)."""
+    blocks = getattr(tiling, "blocks_per_sm", 1)
+    if blocks < 3:
+        return
+    for dim in head_dims:
+        need = tiling.block_m * (tiling.block_n + dim) // tiling.threads
+        if need > MANY_BLOCKS_ACCUMULATOR_REGISTERS:
+            yield (f"blocks_per_sm = {blocks} leaves a thread {MANY_BLOCKS_ACCUMULATOR_REGISTERS} "
+                   f"registers for its accumulators; {tiling.block_m}x{tiling.block_n} tiles at "
+                   f"head_dim {dim} need {need}: lower block_n, or blocks_per_sm = 2")
+            return
+
+
 def warpgroup_problems(tiling: GemmTiling) -> Iterator[tuple[str, str]]:
     """(key below the tiling table, problem) of threads that TileLang cannot lay out."""
     if threads_problem := not_whole_warpgroups(tiling.threads):
@@ -419,7 +442,8 @@ def tiling_problems(phase: str, tiling: GemmTiling, head_dims, causal: bool = Fa
     rules report and what `opgen tune` filters its candidates with. causal: the tiling also
     serves causal calls."""
     return [("", p) for p in smem_problems(phase, tiling, head_dims, causal)] + list(
-        warpgroup_problems(tiling)) + list(overlap_problems(tiling)) + list(blocks_problems(tiling))
+        warpgroup_problems(tiling)) + list(overlap_problems(tiling)) + list(
+        blocks_problems(tiling)) + [(".blocks_per_sm", p) for p in register_problems(tiling, head_dims)]
 
 
 def tiles_fit_shared_memory(spec: Spec):
@@ -454,6 +478,8 @@ def fwd_overlap_fits(spec: Spec):
 
 def blocks_per_sm_fits(spec: Spec):
     yield from base_tiling_problems(spec, blocks_problems)
+    for problem in register_problems(spec.tiling.fwd, spec.attention.head_dims):
+        yield "tiling.fwd.blocks_per_sm", problem
 
 
 def tuned_tilings_fit(spec: Spec):
