@@ -4,25 +4,23 @@
 # the next call ready; carry .gpu, built with `../shared/tools/gpu-bundle
 # flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof, from `bash next_gpu_run.sh prep`).
 # Session 27 ran session 26's list (runs 120-122) and the model steps (runs 123-124); session 28
-# got an H100 late (runs 125-126); session 29 one H200 call late (run 127). Left, in this order:
-#   0. The short-window forward (session 29): [[tiling.tuned]] entries may serve only windows up
-#      to max_window; attention_sink runs d64 causal windows <= 128 on 64x64 blocks, two an SM
-#      (run 125's H100 probe winner). Run 127 (H200): its tests pass, gpt-oss fwd 0.106 ms (was
-#      0.151), 1.37x / 1.53x FlexAttention. Let opgen tune decide on the H200:
-#      `TUNE_ARGS="--windows 128,1024" bash docs/profiling/next_gpu_run.sh tune attention_sink`
-#      (48 + 44 candidates; ~5 min each window): its winners replace the hand entry (whose comment
-#      stays behind: delete it); then the attention_sink tests and bench again.
+# got an H100 late (runs 125-126); session 29 one H200 call late (run 127); session 30 an H100
+# (runs 129-132: the window-128 forward tuned to four blocks an SM, the transformers GPT-OSS step,
+# linear attention's host rows) and one short H200 call (run 133). Left, in this order:
+#   0. On the H200: the attention_sink tests and bench with the four-block entry
+#      (`TESTS_TIMEOUT=240 bash docs/profiling/next_gpu_run.sh tests attention_sink; bash
+#      docs/profiling/next_gpu_run.sh bench attention_sink`), then the window-1024 forward and both
+#      windows' backward: `TUNE_ARGS="--windows 128,1024" bash docs/profiling/next_gpu_run.sh tune
+#      attention_sink` (run 129 stopped at window 1024 on a tuner bug, fixed since).
 #   0b. bulk-dq (branch bulk-dq, main merged): right, and 0.951-1.015x the package's backward on
 #      the H100 (run 126): -5% at D64 and the short window, +1.2-1.5% at D128 full. Repeat
 #      `VARIANTS="no-dq-atomics,no-dq,bulk-dq" timeout 500 python
 #      docs/profiling/bwd_variants_probe.py` on the H200; if it holds, merge per head dim (or
 #      behind a tiling key) and run the three packages' tests and benches.
-#   1. A transformers GPT-OSS model's training step per attention implementation (never run: the
-#      session's device time ran out): `python -u examples/hf_step.py --json $OUT/hf.json` (eager,
-#      flex_attention, opgen_attention_sink; S 1000 and 2048; ~2-3 min with a cold TileLang cache).
-#   2. linear_attention's host rows: `timeout 500 python -m
-#      generated.linear_attention.bench_linear_attention --overhead` (run 122's 200 s ran out in
-#      flash-linear-attention's Triton autotuning at the tiny shape).
+#   1. attention / gqa D64 causal forward (0.80x cuDNN) with three and four blocks an SM in the
+#      search space: `TUNE_ARGS="--head-dims 64 --phases fwd" bash docs/profiling/next_gpu_run.sh
+#      tune attention`.
+#   2. examples/hf_step.py and linear_attention's host rows again on the H200 (run 132 was an H100).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
