@@ -119,8 +119,9 @@ def test_short_window_grid_walks_heads():
         (2, 1000, 1024): "(8, 64, 2)",  # a long window: one head a block
         (2, 1000, 128): "(16, 64, 2)",  # 64 x 64 blocks see three key blocks: one head a block
         (8, 4096, 16): "(64, 8, 8)",  # 64 x 64 blocks that see two: 8 heads a block
-        # Two blocks an SM (264 slots): 8 heads a block would leave 128 blocks, under 7/8 of them.
-        (1, 1000, 16): "(16, 16, 1)",
+        # Four blocks an SM (528 slots): 4 heads a block would leave 256 blocks, under 7/8 of
+        # them (one block an SM would take 8 heads a block).
+        (1, 1000, 16): "(16, 32, 1)",
     }
 
 

@@ -77,8 +77,8 @@ class AttentionTiling(GemmTiling):
     # 2: two blocks of one consumer warpgroup (threads 128) share an SM, their registers split
     # 232 / 24 between consumers and producer, each in at most half the SM's shared memory: one
     # block's loads and stores overlap the other's GEMMs. 1: a block has the SM alone (its
-    # registers fill it). Left out of the tiling (and the spec's hash) when 1. Three blocks'
-    # 136 registers a consumer thread spill the backward's dK and dV accumulators.
+    # registers fill it). Left out of the tiling (and the spec's hash) when 1. At three blocks
+    # (80 registers a thread) the backward's dK and dV accumulators spill.
     blocks_per_sm: Literal[1, 2] = Field(1, exclude_if=lambda v: v == 1)
 
 
@@ -94,9 +94,10 @@ class FwdTiling(AttentionTiling):
     # stages). Left out of the tiling (and the spec's hash) when false.
     overlap: StrictBool = Field(False, exclude_if=lambda v: not v)
 
-    # Also 3 or 4 blocks an SM (consumers at 136 or 104 registers, enough for a 64-row forward
-    # without spilling): more blocks to hide each other's loads and stores where a block is
-    # mostly prologue and epilogue (a short window's few key blocks).
+    # Also 3 or 4 blocks an SM (the kernel built to 80 or 64 registers a thread, enough for a
+    # 64-row forward whose accumulators fit: register_problems): more blocks to hide each
+    # other's loads and stores where a block is mostly prologue and epilogue (a short window's
+    # few key blocks).
     blocks_per_sm: Literal[1, 2, 3, 4] = Field(1, exclude_if=lambda v: v == 1)
 
 
@@ -352,7 +353,6 @@ def shared_smem_limit(blocks_per_sm: int) -> int:
     """What each of blocks_per_sm blocks sharing an SM may hold of its 228 KB of shared memory
     (each block reserves 1 KB)."""
     return (228 - blocks_per_sm) // blocks_per_sm * 1024
-
 
 
 def smem_problems(phase: str, tiling: GemmTiling, head_dims, causal: bool = False) -> Iterator[str]:

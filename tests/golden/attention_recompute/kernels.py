@@ -198,6 +198,8 @@ def split_registers(threads, blocks_per_sm):
       its share of the SM's 65536 registers (128 a thread at two blocks, 80 at three, 64 at
       four; a multiple of 8) and gives its producer 24, its consumers the rest (232, 136, 104),
       so n blocks share an SM; by default such a block launches at 240 and has the SM alone.
+      ptxas builds the kernel to the launch share, so at three or four blocks the tiles must fit
+      80 or 64 registers a thread.
     - three consumer warpgroups (384 threads, 192 query rows): 384 x 160 + 128 x 24 fill the SM's
       64512. TileLang picks this split itself, with a warning at every build; stated here, it
       builds quietly.
