@@ -338,6 +338,7 @@ def time_by_key(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
         """The package as it was: its own tilings, no call plans made with another's."""
         for name, value in saved.items():
             setattr(autograd, name, value)
+        # The package's call plans hold the kernels of the tiling they were made with.
         autograd.PLANS.clear()
 
     def use(candidate: Candidate) -> None:
@@ -346,8 +347,6 @@ def time_by_key(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
         setattr(autograd, names[candidate.phase], candidate.tiling_dict)
         if hasattr(autograd, names[candidate.phase] + "S"):
             setattr(autograd, names[candidate.phase] + "S", {})
-        # The package's call plans hold the kernels of the tiling they were made with.
-        autograd.PLANS.clear()
 
     try:
         for key, mine in by_key.items():

@@ -100,7 +100,7 @@ for b, h, kv, s, d, w in SHAPES:
     walk, ref, t = entries[(h, kv, d, w)]
     flops = 4 * b * h * d * sum(min(i + 1, w) for i in range(s))
     o, lse = outputs(q)
-    chosen = K.heads_per_block(b, h, s, t["block_m"], SMS)
+    chosen = K.heads_per_block(b, h, s, t, SMS)
     row = [f"{flops / B.stream_ms(lambda: ref(q, k, v, sinks, o, lse)) / 1e9:.1f}"]
     probe = probes.get((h, kv, d, w))
     row.append(f"{flops / B.stream_ms(lambda: probe(q, k, v, sinks, o, lse)) / 1e9:.1f}" if probe else "-")

@@ -164,7 +164,7 @@ def plans(case, q, k):
             setattr(variant, phase, built)
             if phase == "fwd" and hasattr(plan, "fwd_scalars"):  # the heads a block walks
                 variant.fwd_scalars = (
-                    (K.heads_per_block(b, h, s, t["block_m"], A.sm_count(q.device)),)
+                    (K.heads_per_block(b, h, s, t, A.sm_count(q.device)),)
                     if K.walks_heads(w, t["block_m"], t["block_n"]) else ())
     return plan, variants
 

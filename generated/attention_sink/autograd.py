@@ -428,15 +428,7 @@ class CallPlan:
         # walks, where the window is short enough for the kernel to walk several.
         fwd_tiling = calls["fwd"][2]
         self.fwd_scalars = (
-            (
-                heads_per_block(
-                    batch,
-                    heads,
-                    seq_len,
-                    fwd_tiling["block_m"],
-                    sm_count(q.device) * fwd_tiling.get("blocks_per_sm", 1),
-                ),
-            )
+            (heads_per_block(batch, heads, seq_len, fwd_tiling, sm_count(q.device)),)
             if walks_heads(window, fwd_tiling["block_m"], fwd_tiling["block_n"])
             else ()
         )

@@ -227,13 +227,14 @@ def walks_heads(window, block_m, block_n):
 MAX_HEADS_PER_BLOCK = 8
 
 
-def heads_per_block(batch, heads, seq_len, block_m, slots):
-    """Query heads per block of a forward that walks heads (walks_heads), for one call's shape:
-    the most, a power of two dividing heads and at most MAX_HEADS_PER_BLOCK, that still leave
-    blocks for 7/8 of the GPU's block slots (slots: SMs x the tiling's blocks_per_sm). Fewer,
-    longer blocks than that leave SMs idle: on the H200 (132 SMs, one block each) 128 blocks of
-    two heads beat 256 blocks of one, 64 blocks lose by half."""
-    query_blocks = (seq_len + block_m - 1) // block_m * batch
+def heads_per_block(batch, heads, seq_len, tiling, sm_count):
+    """Query heads per block of a forward that walks heads (walks_heads), for one call's shape
+    and forward tiling: the most, a power of two dividing heads and at most MAX_HEADS_PER_BLOCK,
+    that still leave blocks for 7/8 of the GPU's block slots (SMs x the tiling's blocks_per_sm).
+    Fewer, longer blocks than that leave SMs idle: on the H200 (132 SMs, one block each) 128
+    blocks of two heads beat 256 blocks of one, 64 blocks lose by half."""
+    slots = sm_count * tiling.get("blocks_per_sm", 1)
+    query_blocks = (seq_len + tiling["block_m"] - 1) // tiling["block_m"] * batch
     per_block = 1
     while (
         per_block * 2 <= MAX_HEADS_PER_BLOCK

@@ -960,8 +960,7 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     # block walks several query heads.
     paired = pairs_query_blocks(causal, window, s, fwd_tiling["block_m"])
     walks = bool(window) and walks_heads(window, fwd_tiling["block_m"], fwd_tiling["block_n"])
-    slots = EXPLAIN_SM_COUNT * fwd_tiling.get("blocks_per_sm", 1)
-    walked = heads_per_block(b, h, s, fwd_tiling["block_m"], slots) if walks else 1
+    walked = heads_per_block(b, h, s, fwd_tiling, EXPLAIN_SM_COUNT) if walks else 1
     grids = {
         "fwd": (ceildiv(fwd_blocks, 2) if paired else fwd_blocks, h // walked, b),
         "preprocess": (blocks("preprocess"), h, b),
