@@ -32,6 +32,7 @@ with torch.save, for an element-wise comparison.
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import sys
@@ -207,18 +208,11 @@ def full_gradients(model):
     return grads
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    cfg = dict(CONFIGS[args.config])
-    for key in ("batch", "seq_len", "layers", "kv_heads"):
-        if getattr(args, key) is not None:
-            cfg[key] = getattr(args, key)
-    device, rank, world = setup(args)
-    if cfg["batch"] % world:
-        raise SystemExit(f"distributed_step: batch {cfg['batch']} is not divisible by "
-                         f"{world} ranks")
+def train(args, cfg, device, rank, world):
+    """--steps steps; returns (whole-batch losses, first-step gradient norms, step seconds). The
+    model, its DDP reducer or FSDP2 state and the optimizer live only in here, so they are freed
+    before main destroys the process group."""
     dtype = DTYPES[args.dtype]
-
     torch.manual_seed(args.seed)
     model = Decoder(cfg, args.attention, dtype).to(device)  # fp32 parameters, drawn on the CPU
     model = wrap(model, args, device, world)
@@ -245,6 +239,21 @@ def main(argv=None):
             whole /= world
         losses.append(whole.item())
         times.append(time.perf_counter() - start)
+    return losses, norms, times
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg = dict(CONFIGS[args.config])
+    for key in ("batch", "seq_len", "layers", "kv_heads"):
+        if getattr(args, key) is not None:
+            cfg[key] = getattr(args, key)
+    device, rank, world = setup(args)
+    if cfg["batch"] % world:
+        raise SystemExit(f"distributed_step: batch {cfg['batch']} is not divisible by "
+                         f"{world} ranks")
+
+    losses, norms, times = train(args, cfg, device, rank, world)
 
     if rank == 0:
         result = dict(
@@ -258,9 +267,12 @@ def main(argv=None):
         print(f"{args.mode} ({world} x {device.type}): losses "
               + ", ".join(f"{x:.5f}" for x in losses) + f" -> {args.out}")
     if world > 1:
+        # The DDP reducer holds the process group; left to interpreter exit, gloo's worker
+        # threads could be torn down after Python is (an abort after the results were written,
+        # seen once in CI). Collect it now, then destroy the group while everything is alive.
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
-
 
 if __name__ == "__main__":
     main()
