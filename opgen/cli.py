@@ -716,8 +716,9 @@ def tune(
             raise CheckFailed("no candidate gave the reference's result; nothing written")
         for line in tuning.winner_lines(timed, times, min_speedup):
             out.print(line, markup=False)
-        comment = f"{tuning.MARKER} on {gpu}, {datetime.date.today().isoformat()}"
-        text = tuning.write_tuned(source.text, tuner, tuning.merged_entries(spec, winners), comment)
+        where = f"on {gpu}, {datetime.date.today().isoformat()}"
+        stamps = tuning.stamps_of(winners.values(), where)
+        text = tuning.write_tuned(source.text, tuner, tuning.merged_entries(spec, winners), stamps)
         validate(family.spec, SpecSource(source.path, "", tomllib.loads(text), text))
         if text == source.text:
             out.print(f"{source.path}: unchanged", markup=False)

@@ -18,6 +18,7 @@ import difflib
 import importlib
 import re
 import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -161,26 +162,57 @@ def merged_entries(spec: Any, winners: dict[tuple, Candidate]
     return entries
 
 
+def stamps_of(winners: Iterable[Candidate], where: str) -> dict[tuple[tuple, str], str]:
+    """{(key, phase): where} for each winner: what the entries' markers will say of it, e.g.
+    "on NVIDIA H200, 2026-12-05"."""
+    return {(c.key, c.phase): where for c in winners}
+
+
+def marker_line(tuner: Tuner, phases: Mapping[str, str]) -> str | None:
+    """The comment above an entry: where and when each of its tuned phases was tuned ({phase:
+    where}); one clause when every phase of the entry was tuned in one run, None when none was
+    (an entry written by hand)."""
+    if not phases:
+        return None
+    if len(set(phases.values())) == 1:
+        return f"{MARKER} {next(iter(phases.values()))}"
+    return f"{MARKER}: " + "; ".join(f"{p} {phases[p]}" for p in tuner.phases if p in phases)
+
+
+def read_marker(tuner: Tuner, line: str, entry_phases: Iterable[str]) -> dict[str, str]:
+    """{phase: where} from a marker line that marker_line wrote above an entry with
+    entry_phases."""
+    text = line.strip()[len(MARKER):]
+    if not text.startswith(":"):
+        return dict.fromkeys(entry_phases, text.strip())
+    stamps = {}
+    for clause in text[1:].split(";"):
+        phase, _, where = clause.strip().partition(" ")
+        if phase in tuner.phases and where:
+            stamps[phase] = where
+    return stamps
+
+
 def toml_value(value: int | bool) -> str:
     """A tiling value as TOML writes it (a bool is `true`/`false`, not Python's `True`)."""
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def render_tuned(tuner: Tuner, entries: dict[tuple, dict[str, dict[str, Any]]],
-                 comment: str) -> str:
-    """[[tiling.tuned]] entries as TOML, sorted by key, under `comment`."""
+                 comments: Mapping[tuple, list[str]]) -> str:
+    """[[tiling.tuned]] entries as TOML, sorted by key, each under its comment lines."""
     blocks = []
     for key in sorted(entries):
-        lines = ["[[tiling.tuned]]", *(f"{name} = {toml_value(value)}"
-                                       for name, value in zip(tuner.key_fields, key, strict=True)
-                                       if name not in tuner.key_defaults
-                                       or value != tuner.key_defaults[name])]
+        lines = [*comments.get(key, []), "[[tiling.tuned]]",
+                 *(f"{name} = {toml_value(value)}"
+                   for name, value in zip(tuner.key_fields, key, strict=True)
+                   if name not in tuner.key_defaults or value != tuner.key_defaults[name])]
         for phase in tuner.phases:
             if (tiling := entries[key].get(phase)) is not None:
                 inline = ", ".join(f"{k} = {toml_value(v)}" for k, v in tiling.items())
                 lines.append(f"{phase} = {{ {inline} }}")
         blocks.append("\n".join(lines) + "\n")
-    return f"{comment}\n" + "\n".join(blocks)
+    return "\n".join(blocks)
 
 
 _TUNED_HEADER = re.compile(r"^\s*\[\[\s*tiling\s*\.\s*tuned\s*\]\]")
@@ -194,23 +226,58 @@ def _is_value(line: str) -> bool:
     return bool(text) and not text.startswith("#") and not _HEADER.match(line)
 
 
-def write_tuned(text: str, tuner: Tuner, entries: dict[tuple, dict[str, dict[str, Any]]],
-                comment: str) -> str:
-    """The spec's text with its [[tiling.tuned]] entries (and their `# tuned by opgen tune`
-    comment) replaced by `entries` under `comment`; every other line as it was. Without earlier
-    entries they go after the last [tiling.*] table (else at the end)."""
-    lines = text.splitlines(keepends=True)
-    removed: set[int] = set()
+def _is_comment(line: str) -> bool:
+    return line.lstrip().startswith("#")
+
+
+def _entry_spans(lines: list[str]) -> list[tuple[int, int, int]]:
+    """(first comment line, header, end) of each [[tiling.tuned]] entry in lines. An entry's
+    comments are those right above its header; after another entry, every comment line up to
+    that one's end (blank lines between them too), so that comments move with their entry."""
+    spans: list[tuple[int, int, int]] = []
     for i, line in enumerate(lines):
-        if _TUNED_HEADER.match(line):
-            j = i
-            while j < len(lines) and (j == i or _is_value(lines[j])):
-                removed.add(j)
-                j += 1
-            k = i - 1  # the marker comment above it
-            while k >= 0 and lines[k].lstrip().startswith(MARKER):
-                removed.add(k)
-                k -= 1
+        if not _TUNED_HEADER.match(line):
+            continue
+        end = i + 1
+        while end < len(lines) and _is_value(lines[end]):
+            end += 1
+        top = i
+        previous_end = spans[-1][2] if spans else None
+        if previous_end is not None and all(not lines[k].strip() or _is_comment(lines[k])
+                                            for k in range(previous_end, i)):
+            top = previous_end
+            while top < i and not lines[top].strip():
+                top += 1
+        else:
+            while top > 0 and _is_comment(lines[top - 1]):
+                top -= 1
+        spans.append((top, i, end))
+    return spans
+
+
+def write_tuned(text: str, tuner: Tuner, entries: dict[tuple, dict[str, dict[str, Any]]],
+                stamps: Mapping[tuple[tuple, str], str]) -> str:
+    """The spec's text with its [[tiling.tuned]] entries replaced by `entries`; every other line
+    as it was. Each entry keeps the comments written above it, and its marker says where and
+    when each phase was tuned: stamps[(key, phase)] for the phases tuned now, the earlier marker's
+    word for the others (none for a phase written by hand). Without earlier entries the table
+    goes after the last [tiling.*] table (else at the end)."""
+    lines = text.splitlines(keepends=True)
+    spans = _entry_spans(lines)
+    written = tomllib.loads(text).get("tiling", {}).get("tuned", []) if spans else []
+    comments: dict[tuple, list[str]] = {}
+    earlier: dict[tuple[tuple, str], str] = {}
+    removed: set[int] = set()
+    for (top, header, end), entry in zip(spans, written, strict=True):
+        key = tuple(entry.get(f, tuner.key_defaults.get(f)) for f in tuner.key_fields)
+        phases = [p for p in tuner.phases if p in entry]
+        for k in range(top, header):
+            if lines[k].lstrip().startswith(MARKER):
+                marked = read_marker(tuner, lines[k], phases)
+                earlier.update({(key, p): where for p, where in marked.items()})
+            elif lines[k].strip():
+                comments.setdefault(key, []).append(lines[k].rstrip("\n"))
+        removed.update(range(top, end))
     # Blank lines between two removed entries go with them.
     for i, line in enumerate(lines):
         if not line.strip() and i not in removed:
@@ -219,7 +286,12 @@ def write_tuned(text: str, tuner: Tuner, entries: dict[tuple, dict[str, dict[str
             if before is not None and after is not None and all(
                     not lines[j].strip() or j in removed for j in range(before, after)):
                 removed.add(i)
-    block = render_tuned(tuner, entries, comment) if entries else ""
+    for key, phases in entries.items():
+        marker = marker_line(tuner, {p: w for p in phases
+                                     if (w := stamps.get((key, p), earlier.get((key, p))))})
+        if marker is not None:
+            comments[key] = [*comments.get(key, []), marker]
+    block = render_tuned(tuner, entries, comments) if entries else ""
     if removed and not block and min(removed) > 0 and not lines[min(removed) - 1].strip():
         removed.add(min(removed) - 1)  # the blank line the table was inserted after
     if removed:

@@ -149,7 +149,9 @@ def test_without_tuned_tables_leaves_a_scaffold():
     entries = {(64, False, 0): {"fwd": {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2}},
                (128, True, 0): {"fwd": {"block_m": 128, "block_n": 64, "threads": 256, "num_stages": 1}}}
     attention = (REPO_ROOT / "tests/specs/attention_recompute.toml").read_text()
-    tuned = tune.write_tuned(attention, TUNER, entries, "# two lines\n# of comment")
+    tuned = tune.write_tuned(attention, TUNER, entries,
+                             {((64, False, 0), "fwd"): "on NVIDIA H200, 2026-12-05",
+                              ((128, True, 0), "fwd"): "on NVIDIA H100, 2026-12-04"})
     assert tuned != attention and without_tuned_tables(tuned) == attention
 
 

@@ -237,7 +237,7 @@ def test_a_sliding_window_spec_tunes_each_bench_window(tmp_path, run_opgen):
     assert job.args[:5] == (32, 8, 128, True, 1024)
     winner = tune.as_candidate(AT.TUNER, (128, True, 1024), "fwd", tomllib.loads(f"t = {MEDIUM}")["t"])
     text = tune.write_tuned(WINDOWED_TEXT, AT.TUNER, tune.merged_entries(spec, {winner.variant: winner}),
-                            COMMENT)
+                            tune.stamps_of([winner], H200))
     assert text.count("max_window = ") == 3 and "max_window = 0" not in text
     assert [(e.head_dim, e.causal, e.max_window) for e in spec_of(text).tiling.tuned] == [
         (64, True, None), (64, True, 128), (64, True, 1024), (128, True, 1024)]
@@ -374,14 +374,21 @@ WINNERS = {
     (128, True, 0): {"fwd": {"block_m": 64, "block_n": 64, "threads": 128, "num_stages": 2},
                   "bwd": {"block_m": 64, "block_n": 32, "threads": 128, "num_stages": 1}},
 }
-COMMENT = "# tuned by opgen tune on NVIDIA H200, 2026-12-05"
+H200 = "on NVIDIA H200, 2026-12-05"
+COMMENT = f"# tuned by opgen tune {H200}"
+
+
+def stamped(entries, where=H200):
+    """Stamps saying that every phase of entries was tuned `where`."""
+    return {(key, phase): where for key, phases in entries.items() for phase in phases}
 
 
 def test_writer_keeps_every_line_and_is_idempotent():
-    once = tune.write_tuned(SPEC_TEXT, AT.TUNER, WINNERS, COMMENT)
-    twice = tune.write_tuned(once, AT.TUNER, WINNERS, COMMENT)
+    once = tune.write_tuned(SPEC_TEXT, AT.TUNER, WINNERS, stamped(WINNERS))
+    twice = tune.write_tuned(once, AT.TUNER, WINNERS, stamped(WINNERS))
     assert twice == once
-    assert once.count("[[tiling.tuned]]") == 2 and once.count(COMMENT) == 1
+    # One marker per entry.
+    assert once.count("[[tiling.tuned]]") == 2 and once.count(COMMENT + "\n[[tiling.tuned]]") == 2
     # Only lines added: every original line (comments too) is there, in order.
     added = [line for line in tune.unified_diff(SPEC_TEXT, once, "s").splitlines()
              if line.startswith(("+", "-")) and not line.startswith(("+++", "---"))]
@@ -392,15 +399,61 @@ def test_writer_keeps_every_line_and_is_idempotent():
     spec = spec_of(once)
     assert [(e.head_dim, e.causal) for e in spec.tiling.tuned] == [(64, False), (128, True)]
     assert spec.tiling.tuned[1].bwd.threads == 128
+    # Written again with nothing tuned now, every entry keeps its marker.
+    assert tune.write_tuned(once, AT.TUNER, WINNERS, {}) == once
 
 
 def test_writer_replaces_an_earlier_table():
-    once = tune.write_tuned(SPEC_TEXT, AT.TUNER, WINNERS, COMMENT)
-    later = "# tuned by opgen tune on NVIDIA H100, 2027-01-01"
-    again = tune.write_tuned(once, AT.TUNER, {(64, True, 0): WINNERS[64, False, 0]}, later)
+    once = tune.write_tuned(SPEC_TEXT, AT.TUNER, WINNERS, stamped(WINNERS))
+    later = {(64, True, 0): WINNERS[64, False, 0]}
+    h100 = stamped(later, "on NVIDIA H100, 2027-01-01")
+    again = tune.write_tuned(once, AT.TUNER, later, h100)
     assert COMMENT not in again and again.count("[[tiling.tuned]]") == 1
-    assert again == tune.write_tuned(SPEC_TEXT, AT.TUNER, {(64, True, 0): WINNERS[64, False, 0]}, later)
-    assert tune.write_tuned(once, AT.TUNER, {}, later) == SPEC_TEXT
+    assert "# tuned by opgen tune on NVIDIA H100, 2027-01-01\n[[tiling.tuned]]" in again
+    assert again == tune.write_tuned(SPEC_TEXT, AT.TUNER, later, h100)
+    assert tune.write_tuned(once, AT.TUNER, {}, {}) == SPEC_TEXT
+
+
+def test_a_partial_tune_stamps_only_what_it_tuned():
+    """A run that tunes one phase of one key on another GPU says so above that entry alone: the
+    other entries, and the entry's other phase, keep the GPU and date they were tuned on."""
+    once = tune.write_tuned(SPEC_TEXT, AT.TUNER, WINNERS, stamped(WINNERS))
+    fwd = tune.as_candidate(AT.TUNER, (128, True, 0), "fwd", {"block_m": 128, "block_n": 32,
+                                                             "threads": 256, "num_stages": 1})
+    entries = tune.merged_entries(spec_of(once), {fwd.variant: fwd})
+    text = tune.write_tuned(once, AT.TUNER, entries, tune.stamps_of([fwd], "on NVIDIA H100, 2027-01-01"))
+    assert text.count("[[tiling.tuned]]") == 2
+    above = text.split("[[tiling.tuned]]")  # above[i] ends with entry i's comments
+    assert above[0].endswith(COMMENT + "\n")  # d64 full: untouched
+    assert above[1].endswith("# tuned by opgen tune: fwd on NVIDIA H100, 2027-01-01; "
+                             "bwd on NVIDIA H200, 2026-12-05\n")
+    assert tune.write_tuned(text, AT.TUNER, entries, {}) == text
+    # Both phases tuned again in one run: one clause again.
+    both = tune.write_tuned(text, AT.TUNER, entries, stamped({(128, True, 0): entries[128, True, 0]}))
+    assert both.count(COMMENT + "\n[[tiling.tuned]]") == 2
+
+
+def test_comments_above_an_entry_move_with_it_and_a_hand_entry_gets_no_marker():
+    once = tune.write_tuned(SPEC_TEXT, AT.TUNER, WINNERS, stamped(WINNERS))
+    # A reader's note above the d128 entry, and an entry written by hand (d64 causal, no marker).
+    note = "# d128 causal: 64x64 keeps two blocks an SM\n"
+    hand = ("[[tiling.tuned]]\nhead_dim = 64\ncausal = true\n"
+            "fwd = { block_m = 64, block_n = 64, threads = 128, num_stages = 1 }\n\n")
+    at = once.index(COMMENT + "\n[[tiling.tuned]]\nhead_dim = 128")
+    edited = once[:at] + hand + note + once[at:]
+    assert [(e.head_dim, e.causal) for e in spec_of(edited).tiling.tuned] == [
+        (64, False), (64, True), (128, True)]
+    # Tune d64 full again: the note stays above the d128 entry, the hand entry stays unmarked.
+    d64 = tune.as_candidate(AT.TUNER, (64, False, 0), "fwd", {"block_m": 64, "block_n": 128,
+                                                             "threads": 128, "num_stages": 2})
+    entries = tune.merged_entries(spec_of(edited), {d64.variant: d64})
+    text = tune.write_tuned(edited, AT.TUNER, entries, tune.stamps_of([d64], "on NVIDIA H100, 2027-01-01"))
+    assert note + COMMENT + "\n[[tiling.tuned]]\nhead_dim = 128" in text
+    assert "\n\n" + hand in text
+    assert text.count("# tuned by opgen tune") == 2 and text.count(note) == 1
+    assert tune.write_tuned(text, AT.TUNER, entries, {}) == text
+    # The table removed: its comments go with it.
+    assert tune.write_tuned(text, AT.TUNER, {}, {}) == SPEC_TEXT
 
 
 def test_writer_writes_an_overlapped_winner_as_toml():
@@ -410,13 +463,13 @@ def test_writer_writes_an_overlapped_winner_as_toml():
                                                         "overlap": True})
     spec = spec_of(SPEC_TEXT)
     text = tune.write_tuned(SPEC_TEXT, AT.TUNER, tune.merged_entries(spec, {overlapped.variant: overlapped}),
-                            COMMENT)
+                            tune.stamps_of([overlapped], H200))
     assert "num_stages = 2, overlap = true }" in text and "True" not in text
     assert spec_of(text).tiling.tuned[0].fwd.overlap is True
 
 
 def test_merged_entries_keep_phases_not_tuned():
-    spec = spec_of(tune.write_tuned(SPEC_TEXT, AT.TUNER, WINNERS, COMMENT))
+    spec = spec_of(tune.write_tuned(SPEC_TEXT, AT.TUNER, WINNERS, stamped(WINNERS)))
     new_fwd = tune.as_candidate(AT.TUNER, (128, True, 0), "fwd", {"block_m": 128, "block_n": 32, "threads": 256,
                                                      "num_stages": 1})
     entries = tune.merged_entries(spec, {new_fwd.variant: new_fwd})

@@ -23,8 +23,8 @@ RMSNORM = FAMILIES["rmsnorm"].spec
 TUNED_SPEC = REPO_ROOT / "tests/specs/rmsnorm_tuned.toml"
 SHIPPED_TEXT = (REPO_ROOT / "specs/rmsnorm.toml").read_text()
 # The shipped spec without its [[tiling.tuned]] table: one tiling for every C.
-UNTUNED_TEXT = tune.write_tuned(SHIPPED_TEXT, RT.TUNER, {}, "")
-COMMENT = "# tuned by opgen tune on NVIDIA H200, 2026-12-05"
+UNTUNED_TEXT = tune.write_tuned(SHIPPED_TEXT, RT.TUNER, {}, {})
+H200 = "on NVIDIA H200, 2026-12-05"
 
 
 def spec_of(text: str):
@@ -158,11 +158,12 @@ def test_writer_writes_channel_entries_the_spec_reads_back():
         if c.tiling_dict.get("block_rows") == 64 and c.phase == "bwd" and c.key == (1024,):
             winners.setdefault(c.variant, c)
     entries = tune.merged_entries(spec, winners)
-    text = tune.write_tuned(UNTUNED_TEXT, RT.TUNER, entries, COMMENT)
+    text = tune.write_tuned(UNTUNED_TEXT, RT.TUNER, entries, tune.stamps_of(winners.values(), H200))
     assert "[[tiling.tuned]]\nchannels = 1024\nbwd = { block_rows = 64, block_channels = 512" in text
     tuned = spec_of(text)
     assert [e.channels for e in tuned.tiling.tuned] == [1024] and tuned.tiling.tuned[0].fwd is None
-    assert tune.write_tuned(text, RT.TUNER, entries, COMMENT) == text
+    assert tune.write_tuned(text, RT.TUNER, entries, tune.stamps_of(winners.values(), H200)) == text
+    assert f"# tuned by opgen tune {H200}\n[[tiling.tuned]]\nchannels = 1024" in text
     # A later run that tunes the forward keeps the backward entry.
     fwd = tune.as_candidate(RT.TUNER, (1024,), "fwd", {"block_rows": 2, "block_channels": 512,
                                                        "threads": 128})

@@ -47,7 +47,7 @@ for line in tn.winner_lines(timed, times, min_speedup):
     print(line)
 winners = tn.pick_winners(timed, times, min_speedup)
 text = tn.write_tuned(source.text, tuner, tn.merged_entries(spec, winners),
-                      f"{tn.MARKER} on {gpu}, {date}")
+                      tn.stamps_of(winners.values(), f"on {gpu}, {date}"))
 validate(family.spec, SpecSource(source.path, "", tomllib.loads(text), text))
 print(tn.unified_diff(source.text, text, source.path))
 spec_path.write_text(text)
