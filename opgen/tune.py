@@ -168,15 +168,16 @@ def stamps_of(winners: Iterable[Candidate], where: str) -> dict[tuple[tuple, str
     return {(c.key, c.phase): where for c in winners}
 
 
-def marker_line(tuner: Tuner, phases: Mapping[str, str]) -> str | None:
-    """The comment above an entry: where and when each of its tuned phases was tuned ({phase:
-    where}); one clause when every phase of the entry was tuned in one run, None when none was
-    (an entry written by hand)."""
-    if not phases:
+def marker_line(tuner: Tuner, stamped: Mapping[str, str], entry_phases: Iterable[str]
+                ) -> str | None:
+    """The comment above an entry with entry_phases: where and when each of its tuned phases was
+    tuned ({phase: where}); one clause when every phase of the entry was tuned in one run, a
+    clause a tuned phase otherwise (a phase written by hand has none), None when none was."""
+    if not stamped:
         return None
-    if len(set(phases.values())) == 1:
-        return f"{MARKER} {next(iter(phases.values()))}"
-    return f"{MARKER}: " + "; ".join(f"{p} {phases[p]}" for p in tuner.phases if p in phases)
+    if set(stamped) == set(entry_phases) and len(set(stamped.values())) == 1:
+        return f"{MARKER} {next(iter(stamped.values()))}"
+    return f"{MARKER}: " + "; ".join(f"{p} {stamped[p]}" for p in tuner.phases if p in stamped)
 
 
 def read_marker(tuner: Tuner, line: str, entry_phases: Iterable[str]) -> dict[str, str]:
@@ -287,8 +288,8 @@ def write_tuned(text: str, tuner: Tuner, entries: dict[tuple, dict[str, dict[str
                     not lines[j].strip() or j in removed for j in range(before, after)):
                 removed.add(i)
     for key, phases in entries.items():
-        marker = marker_line(tuner, {p: w for p in phases
-                                     if (w := stamps.get((key, p), earlier.get((key, p))))})
+        stamped = {p: w for p in phases if (w := stamps.get((key, p), earlier.get((key, p))))}
+        marker = marker_line(tuner, stamped, phases)
         if marker is not None:
             comments[key] = [*comments.get(key, []), marker]
     block = render_tuned(tuner, entries, comments) if entries else ""

@@ -428,6 +428,14 @@ def test_a_partial_tune_stamps_only_what_it_tuned():
     assert above[1].endswith("# tuned by opgen tune: fwd on NVIDIA H100, 2027-01-01; "
                              "bwd on NVIDIA H200, 2026-12-05\n")
     assert tune.write_tuned(text, AT.TUNER, entries, {}) == text
+    # A phase written by hand beside a tuned one: the marker names only the tuned one.
+    hand_fwd = dict(entries)
+    hand_fwd[128, True, 0] = {**entries[128, True, 0], "fwd": {"block_m": 64, "block_n": 64,
+                                                                "threads": 128, "num_stages": 1}}
+    bwd_only = tune.write_tuned(SPEC_TEXT, AT.TUNER, hand_fwd, {((128, True, 0), "bwd"): H200,
+                                                                ((64, False, 0), "fwd"): H200})
+    assert "# tuned by opgen tune: bwd on NVIDIA H200, 2026-12-05\n[[tiling.tuned]]\nhead_dim = 128" in bwd_only
+    assert tune.write_tuned(bwd_only, AT.TUNER, hand_fwd, {}) == bwd_only
     # Both phases tuned again in one run: one clause again.
     both = tune.write_tuned(text, AT.TUNER, entries, stamped({(128, True, 0): entries[128, True, 0]}))
     assert both.count(COMMENT + "\n[[tiling.tuned]]") == 2
