@@ -6,17 +6,19 @@
 # Session 27 ran session 26's list (runs 120-122) and the model steps (runs 123-124); session 28
 # got an H100 late (runs 125-126); session 29 one H200 call late (run 127); session 30 an H100
 # (runs 129-132: the window-128 forward tuned to four blocks an SM, the transformers GPT-OSS step,
-# linear attention's host rows) and one short H200 call (run 133). Left, in this order:
+# linear attention's host rows) and one short H200 call (run 133); session 31 had 98 s of device
+# time left, too little to start a machine. Left, in this order:
 #   0. On the H200: the attention_sink tests and bench with the four-block entry
 #      (`TESTS_TIMEOUT=240 bash docs/profiling/next_gpu_run.sh tests attention_sink; bash
 #      docs/profiling/next_gpu_run.sh bench attention_sink`), then the window-1024 forward and both
 #      windows' backward: `TUNE_ARGS="--windows 128,1024" bash docs/profiling/next_gpu_run.sh tune
 #      attention_sink` (run 129 stopped at window 1024 on a tuner bug, fixed since).
-#   0b. bulk-dq (branch bulk-dq, main merged): right, and 0.951-1.015x the package's backward on
+#   0b. bulk-dq (bwd_ablations' text edit; the template branch bulk-dq did not survive into
+#      session 31's checkout): right, and 0.951-1.015x the package's backward on
 #      the H100 (run 126): -5% at D64 and the short window, +1.2-1.5% at D128 full. Repeat
 #      `VARIANTS="no-dq-atomics,no-dq,bulk-dq" timeout 500 python
-#      docs/profiling/bwd_variants_probe.py` on the H200; if it holds, merge per head dim (or
-#      behind a tiling key) and run the three packages' tests and benches.
+#      docs/profiling/bwd_variants_probe.py` on the H200; if it holds, write it into the template
+#      per head dim (or behind a tiling key) and run the three packages' tests and benches.
 #   1. attention / gqa D64 causal forward (0.80x cuDNN) with three and four blocks an SM in the
 #      search space: `TUNE_ARGS="--head-dims 64 --phases fwd" bash docs/profiling/next_gpu_run.sh
 #      tune attention`.
