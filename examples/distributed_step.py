@@ -274,5 +274,6 @@ def main(argv=None):
         dist.barrier()
         dist.destroy_process_group()
 
+
 if __name__ == "__main__":
     main()
