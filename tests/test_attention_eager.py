@@ -45,7 +45,7 @@ def shape_of(layout, batch, heads, seq_len, dim):
 
 
 def padded(seq_len):
-    return (seq_len + 7) // 8 * 8
+    return (seq_len + 15) // 16 * 16
 
 
 def scores(q, k, heads, kv_heads, scale, causal, window):

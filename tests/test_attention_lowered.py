@@ -152,3 +152,40 @@ def test_three_and_four_forward_blocks_an_sm_split_their_share_of_the_registers(
         code = lower(gqa.gqa_fwd, args, {**tiling, "blocks_per_sm": blocks})
         assert code.startswith(f"__launch_bounds__(256, {blocks})"), code[:40]
         assert f"warpgroup_reg_alloc<{consumer}>" in code and "warpgroup_reg_dealloc<24>" in code
+
+
+def test_bulk_dq_adds_staged_tiles_by_bulk_reduce_and_leaves_the_atomic_kernel_as_it_was():
+    """bulk_dq: the backward stages each step's dQ tile in shared memory and one thread adds it
+    into the accumulator by bulk reduce-adds of 16 rows (no per-element atomics: with in_block
+    dK/dV the kernel has none at all), waiting for the last step's adds before it overwrites the
+    stage and for every add before it ends. Without bulk_dq the kernel adds dQ by atomics, and
+    the stage it then allocates (one element, unused) is gone from the code."""
+    gqa = import_generated("gqa", "kernels")
+    args = (32, 8, 64, True, 0, "bshd", "bfloat16", 0.125, "in_block", "in_block")
+    tiling = {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2}
+    bulk = lower(gqa.gqa_bwd, args, {**tiling, "bulk_dq": True})
+    assert "tl::tma_store_add(" in bulk and "AtomicAdd" not in bulk
+    adds = bulk.index("tl::tma_store_add(")
+    # (The first consumer thread: the TMA producer warpgroup comes first.)
+    assert re.search(r"if \(\(\(int\)threadIdx\.x\) == \d+\) \{\s*for \(int t = 0; t < 8; \+\+t\)",
+                     bulk[:adds]), "one thread issues the 8 tiles of a 128-row step"
+    assert "tl::tma_store_wait<0, true>();" in bulk[:adds]  # the stage read before it is written
+    assert "tl::tma_store_wait<0, false>();" in bulk[adds:]  # every add done at the end
+    atomic = lower(gqa.gqa_bwd, args, tiling)
+    assert "tma_store_add" not in atomic and "AtomicAdd" in atomic and "dq_staged" not in atomic
+
+
+def test_the_postprocess_reads_dq_in_the_layout_of_the_bwd_kernel():
+    """The accumulator's layout is the bwd kernel's: with bulk_dq in 16-row tiles whose rows'
+    16-byte chunks are swizzled (an XOR in every dQ index), else in the fragment order of the
+    atomics (no XOR)."""
+    gqa = import_generated("gqa", "kernels")
+    args = (32, 8, 128, "bshd", "bfloat16", "in_block", "in_block")
+
+    def dq_reads(source):
+        return [line for line in source.splitlines() if re.search(r"\bdQ( \+ |\[)", line)]
+
+    tiled = dq_reads(lower(gqa.gqa_bwd_postprocess, args, {**TILING["postprocess"], "bulk_dq": True}))
+    fragments = dq_reads(lower(gqa.gqa_bwd_postprocess, args, TILING["postprocess"]))
+    assert tiled and all("^" in line for line in tiled), tiled
+    assert fragments and not any("^" in line for line in fragments), fragments

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from opgen.compile import compile_all
-from opgen.families.attention import smem_bytes
+from opgen.families.attention import BwdTiling, smem_bytes
 from opgen.output import write
 from opgen.plan import SM90_SMEM_LIMIT, CompileJob
 from opgen.render import generate
@@ -250,6 +250,13 @@ def test_paired_forward_estimate():
     assert smem_bytes("fwd", two, 128, paired=True) == 229376 <= SM90_SMEM_LIMIT
     three = GemmTiling(block_m=128, block_n=128, threads=256, num_stages=3)
     assert smem_bytes("fwd", three, 128) <= SM90_SMEM_LIMIT < smem_bytes("fwd", three, 128, paired=True)
+
+
+def test_bulk_dq_estimate_counts_the_staged_tile():
+    """bulk_dq's fp32 dQ stage of [block_n, head_dim] is counted in the backward's shared memory."""
+    plain = BwdTiling(block_m=64, block_n=64, threads=128, num_stages=2)
+    bulk = plain.model_copy(update={"bulk_dq": True})
+    assert smem_bytes("bwd", bulk, 64) - smem_bytes("bwd", plain, 64) == 4 * 64 * 64
 
 
 @pytest.mark.parametrize("phase", ["fwd", "bwd"])

@@ -74,7 +74,7 @@ def test_minimal_spec_loads_every_default(project):
     assert [s.seq_len for s in spec.test.shapes] == [1000, 77]
     assert spec.test.tolerance == {}
     assert spec.bench.dtype == "float16"
-    assert [s.head_dim for s in spec.bench.shapes] == [128, 128, 64]
+    assert [s.head_dim for s in spec.bench.shapes] == [128, 128, 64, 64]
 
 
 def test_shipped_spec_shows_the_defaults(project):

@@ -92,6 +92,10 @@ def test_variant_calls_pick_the_tuned_tiling(tmp_path, monkeypatch):
         assert calls(64, True)["fwd"][2] is autograd.FWD_TILING
         assert calls(128, True)["fwd"][2]["block_n"] == 32
         assert calls(128, True)["bwd"][2] is autograd.BWD_TILING
+        # The postprocess reads dQ in the layout of the bwd kernel that wrote it.
+        assert calls(64, False)["bwd"][2]["bulk_dq"] is True
+        assert calls(64, False)["postprocess"][2] == {**autograd.POSTPROCESS_TILING, "bulk_dq": True}
+        assert calls(128, True)["postprocess"][2] is autograd.POSTPROCESS_TILING
     finally:
         for name in [m for m in sys.modules if m.startswith("attention_tuned")]:
             del sys.modules[name]
@@ -262,6 +266,10 @@ def test_candidates_pass_the_rules_current_tiling_first():
                               and c.tiling_dict["num_stages"] >= 1 for c in overlapped)
     assert all("overlap" not in c.tiling_dict for c in found if c not in overlapped)
     assert {c.label.endswith(" overlap") for c in found} == {True, False}
+    # The backward also tries dQ by bulk reduce-adds; the forward has no such key.
+    bulk = [c for c in found if c.tiling_dict.get("bulk_dq")]
+    assert bulk and all(c.phase == "bwd" and c.label.endswith(" bulk-dq") for c in bulk)
+    assert any(c.phase == "bwd" and "bulk_dq" not in c.tiling_dict for c in found)
     first = {}
     for c in found:
         first.setdefault(c.variant, c)

@@ -5,24 +5,27 @@
 # flash-linear-attention==0.6.0 fla-core==0.6.0`, and .prof, from `bash next_gpu_run.sh prep`).
 # Session 27 ran session 26's list (runs 120-122) and the model steps (runs 123-124); session 28
 # got an H100 late (runs 125-126); session 29 one H200 call late (run 127); session 30 an H100
-# (runs 129-132: the window-128 forward tuned to four blocks an SM, the transformers GPT-OSS step,
-# linear attention's host rows) and one short H200 call (run 133); session 31 had 98 s of device
-# time left, too little to start a machine. Left, in this order:
-#   0. On the H200: the attention_sink tests and bench with the four-block entry
-#      (`TESTS_TIMEOUT=240 bash docs/profiling/next_gpu_run.sh tests attention_sink; bash
-#      docs/profiling/next_gpu_run.sh bench attention_sink`), then the window-1024 forward and both
-#      windows' backward: `TUNE_ARGS="--windows 128,1024" bash docs/profiling/next_gpu_run.sh tune
-#      attention_sink` (run 129 stopped at window 1024 on a tuner bug, fixed since).
-#   0b. bulk-dq (bwd_ablations' text edit; the template branch bulk-dq did not survive into
-#      session 31's checkout): right, and 0.951-1.015x the package's backward on
-#      the H100 (run 126): -5% at D64 and the short window, +1.2-1.5% at D128 full. Repeat
-#      `VARIANTS="no-dq-atomics,no-dq,bulk-dq" timeout 500 python
-#      docs/profiling/bwd_variants_probe.py` on the H200; if it holds, write it into the template
-#      per head dim (or behind a tiling key) and run the three packages' tests and benches.
-#   1. attention / gqa D64 causal forward (0.80x cuDNN) with three and four blocks an SM in the
-#      search space: `TUNE_ARGS="--head-dims 64 --phases fwd" bash docs/profiling/next_gpu_run.sh
-#      tune attention`.
-#   2. examples/hf_step.py and linear_attention's host rows again on the H200 (run 132 was an H100).
+# (runs 129-133); session 31 had no device time; session 32 an H100 (runs 134-140: the window-1024
+# entry, attention's D64 causal forward on four blocks an SM, bulk-dq again, the GPT-OSS step).
+# Left, in this order:
+#   0. First, the attention packages' tests: session 32 landed bulk_dq (below) without device time
+#      left, so the template's kernels have not run since: the shipped kernels lower to the same
+#      CUDA as before (the unused one-element stage is dropped; checked on the CPU), but lse,
+#      Delta and dQ now have rows padded to 16, not 8. `TESTS_TIMEOUT=400 bash
+#      docs/profiling/next_gpu_run.sh tests attention attention_sink gqa attention_tuned
+#      attention_recompute` (attention_tuned's D64 full backward runs bulk_dq).
+#   1. bulk_dq (5-6% at D64, nothing at D128 in runs 126, 136 as bwd_ablations' text edit) is a
+#      bwd tiling key now, and `opgen tune` tries it: `TUNE_ARGS="--head-dims 64 --phases bwd"
+#      bash docs/profiling/next_gpu_run.sh tune attention gqa`, then `TUNE_ARGS="--windows 128
+#      --phases bwd" bash docs/profiling/next_gpu_run.sh tune attention_sink`; build, their tests
+#      and benches.
+#   2. gqa's D64 causal forward on four blocks an SM (run 140: 1.08x): in specs/gqa.toml's
+#      `head_dim = 64, causal = true` entry set `fwd = { block_m = 64, block_n = 64, threads = 128,
+#      num_stages = 1, blocks_per_sm = 4 }` with the marker clause `fwd on NVIDIA H100 80GB HBM3,
+#      2026-12-05`, build, then gqa's tests (or tune it again in item 1's gqa call with
+#      `--phases fwd,bwd`).
+#   3. On the H200: `bash docs/profiling/next_gpu_run.sh bench attention attention_sink` (session
+#      32's numbers are an H100's; the status table's cuDNN ratios are the H200's of run 105).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift

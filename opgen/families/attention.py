@@ -16,8 +16,8 @@ from pydantic import AfterValidator, Field, StrictBool
 
 from opgen.families import attention_launch
 from opgen.families.attention_launch import (has_paired_forward, heads_per_block,
-                                              paired_tiling, pairs_query_blocks, tuned_tiling,
-                                              walks_heads)
+                                              padded_rows, paired_tiling, pairs_query_blocks,
+                                              postprocess_tiling, tuned_tiling, walks_heads)
 from opgen.families.contract import Family
 from opgen.plan import (DTYPE_BYTES, CompileJob, FlopsBenchCase, GradPlan, PlanBase, SourceInfo,
                         Sweep, Table, base_fields, ceildiv, explain_tables,
@@ -36,7 +36,7 @@ SCAFFOLDS = {
         "shapes": [(2, 4, 4, 1000), (1, 3, 3, 77)],
         "bench_dtype": "float16",
         "bench": [(4, 16, 16, 4096, 128, False, None), (4, 16, 16, 4096, 128, True, None),
-                  (4, 16, 16, 4096, 64, False, None)],
+                  (4, 16, 16, 4096, 64, False, None), (4, 16, 16, 4096, 64, True, None)],
     },
     "attention_sink": {
         "title": "attention with learnable sinks, a sliding window and GQA (gpt-oss style)",
@@ -101,12 +101,23 @@ class FwdTiling(AttentionTiling):
     blocks_per_sm: Literal[1, 2, 3, 4] = Field(1, exclude_if=lambda v: v == 1)
 
 
+class BwdTiling(AttentionTiling):
+    """The backward's tiling: AttentionTiling plus how its dQ tiles reach the accumulator."""
+
+    # true: each step's dQ tile is staged in shared memory and added into the fp32 accumulator by
+    # bulk asynchronous reduce-adds (16 rows each), instead of one atomic per element from
+    # registers; the accumulator is then laid out in 16-row tiles. Fewer instructions where the
+    # loop is short (head_dim 64: GPU runs 126, 136, 5-6% faster); no gain at head_dim 128.
+    # Left out of the tiling (and the spec's hash) when false.
+    bulk_dq: StrictBool = Field(False, exclude_if=lambda v: not v)
+
+
 # Hopper defaults. fwd 128x64 with a 256-thread consumer group and one pipeline stage, bwd 128x32
 # with two stages: the sm_90 configurations of TileLang's GQA and attention-sink examples, which
 # fit both head_dim 64 and 128 in shared memory.
 DEFAULT_TILING = {
     "fwd": FwdTiling(block_m=128, block_n=64, threads=256, num_stages=1),
-    "bwd": AttentionTiling(block_m=128, block_n=32, threads=256, num_stages=2),
+    "bwd": BwdTiling(block_m=128, block_n=32, threads=256, num_stages=2),
     "preprocess": RowTiling(block_m=32, threads=128),
     "postprocess": RowTiling(block_m=64, threads=128),
     "dsinks": RowTiling(block_m=128, threads=128),  # used only with attention.sinks
@@ -178,13 +189,14 @@ DEFAULT_BENCH_SHAPES = (
     AttentionBenchShape(batch=4, heads=16, seq_len=4096, head_dim=128, causal=False),
     AttentionBenchShape(batch=4, heads=16, seq_len=4096, head_dim=128, causal=True),
     AttentionBenchShape(batch=4, heads=16, seq_len=4096, head_dim=64, causal=False),
+    AttentionBenchShape(batch=4, heads=16, seq_len=4096, head_dim=64, causal=True),
 )
 
 
 # The phases whose tiling [[tiling.tuned]] may set per (head_dim, causal, max_window): the GEMM
 # kernels, with the model of each one's tiling table.
 TUNED_PHASES = ("fwd", "bwd")
-PHASE_TILING = {"fwd": FwdTiling, "bwd": AttentionTiling}
+PHASE_TILING = {"fwd": FwdTiling, "bwd": BwdTiling}
 
 
 class TunedTiling(StrictModel):
@@ -198,7 +210,7 @@ class TunedTiling(StrictModel):
     # Left out of the spec's hash when not given, so an entry without it hashes as before.
     max_window: PositiveInt | None = Field(None, exclude_if=lambda v: v is None)
     fwd: FwdTiling | None = None
-    bwd: AttentionTiling | None = None
+    bwd: BwdTiling | None = None
 
 
 def tuned_key(entry: TunedTiling) -> tuple[int, bool, int]:
@@ -574,6 +586,8 @@ def smem_bytes(phase: str, tiling: GemmTiling, dim: int, paired: bool = False) -
         return q_tiles * whole_kib(elem * m * dim) + 2 * whole_kib(elem * stages * n * dim)
     loop = (2 * whole_kib(elem * m * dim) + 2 * whole_kib(elem * stages * n * dim)
             + whole_kib(elem * m * n) + 2 * whole_kib(4 * stages * n))
+    if getattr(tiling, "bulk_dq", False):
+        loop += whole_kib(4 * n * dim)  # the staged fp32 dQ tile
     epilogue = 2 * whole_kib(elem * m * dim)
     return max(loop, epilogue)
 
@@ -656,6 +670,7 @@ class Plan(PlanBase):
     tuned: dict[str, dict[tuple[int, bool, int], dict[str, int]]]
     tiling_exprs: dict[str, str]
     tuned_tiling_code: str
+    dq_accumulator_code: str
 
     def tiling_for(self, key: str, head_dim: int, causal: bool,
                    window: int | None = None) -> dict[str, int]:
@@ -845,6 +860,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         tuned=tuned,
         tiling_exprs=tiling_exprs,
         tuned_tiling_code=launch_code("tuned tilings"),
+        dq_accumulator_code=launch_code("dq accumulator"),
         bench_unit="TFLOP/s",
         sweep=Sweep("seq_len", "sequence length", SEQ_LEN_SWEEP, tuple(
             bench_case(first.model_copy(update={"seq_len": n})) for n in SEQ_LEN_SWEEP)),
@@ -895,6 +911,7 @@ def _compile_jobs(spec, kernels, tuned, chosen, test_cases, mask_cases) -> tuple
     jobs = []
     for layout, dtype, dim in itertools.product(section.layouts, spec.dtypes, section.head_dims):
         tag = f"{layout} {dtype} d{dim}"
+        bulk_dq = set()  # the dQ layouts (bulk_dq or not) of this head dim's bwd kernels
         # The default scale: another scale is another constant in the same code.
         scale = default_softmax_scale(dim)
         for mask in mask_cases:
@@ -912,16 +929,24 @@ def _compile_jobs(spec, kernels, tuned, chosen, test_cases, mask_cases) -> tuple
                 jobs.append(CompileJob(k.factory, (1, 1, dim, mask.causal, window, layout, dtype, scale),
                                        paired_tiling(tiling("fwd")), f"fwd pairs {tag} {mask.id}"))
             k = kernels["bwd"]
+            bulk_dq.add(tiling("bwd").get("bulk_dq", False))
             for g, dk, dv in bwd_modes:
                 modes = f"groups={g} dk={dk} dv={dv}"
                 jobs.append(CompileJob(
                     k.factory, (g, 1, dim, mask.causal, window, layout, dtype, scale, dk, dv),
                     tiling("bwd"), f"bwd {tag} {mask.id} {modes}"))
-        # The preprocess zeroes, and the postprocess finishes, the dK/dV buffers of each mode.
-        for key, (g, dk, dv) in itertools.product(("preprocess", "postprocess"), bwd_modes):
-            k = kernels[key]
+        # The preprocess zeroes, and the postprocess finishes, the dK/dV buffers of each mode; the
+        # postprocess reads dQ in the layout of the bwd kernel that wrote it.
+        for g, dk, dv in bwd_modes:
+            modes = f"groups={g} dk={dk} dv={dv}"
+            k = kernels["preprocess"]
             jobs.append(CompileJob(k.factory, (g, 1, dim, layout, dtype, dk, dv), k.tiling,
-                                   f"{k.phase} {tag} groups={g} dk={dk} dv={dv}"))
+                                   f"{k.phase} {tag} {modes}"))
+            k = kernels["postprocess"]
+            for bulk in sorted(bulk_dq):
+                jobs.append(CompileJob(k.factory, (g, 1, dim, layout, dtype, dk, dv),
+                                       postprocess_tiling(k.tiling, bulk),
+                                       f"{k.phase} {tag} {modes}" + (" bulk_dq" if bulk else "")))
     if "dsinks" in kernels:
         k = kernels["dsinks"]
         jobs.append(CompileJob(k.factory, (1,), k.tiling, "bwd_dsinks"))
@@ -955,6 +980,7 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
         return ceildiv(s, p.tiling_for(key, d, causal, window)["block_m"])
 
     fwd_tiling = p.tiling_for("fwd", d, causal, window)
+    bwd_tiling = p.tiling_for("bwd", d, causal, window)
     fwd_blocks = ceildiv(s, fwd_tiling["block_m"])
     # A short causal grid pairs query blocks i and n - 1 - i in one block; at a short window a
     # block walks several query heads.
@@ -972,12 +998,12 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     }
     sizes = {"q": b * h * s * d * elem, "k": b * kv * s * d * elem, "v": b * kv * s * d * elem,
              "sinks": h * (4 if p.sinks_dtype_expr == "torch.float32" else elem),
-             "o": b * h * s * d * elem, "lse": b * h * s * 4}
+             "o": b * h * s * d * elem, "lse": b * h * padded_rows(s) * 4}
     reductions = []
     for g in p.grads:
         mode = g.reduction if groups > 1 or g.grad in ("dq", "dsinks") else "direct"
         if g.grad == "dq":
-            size = b * h * ceildiv(s, 8) * 8 * d * 4
+            size = b * h * padded_rows(s) * d * 4
         elif g.grad == "dsinks":
             size = h * 4
         else:
@@ -994,7 +1020,9 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
         flops_table(fwd, "4 * B * H * D * visible (query, key) pairs",
                     flops_bwd(fwd), "2.5 x forward (5 GEMMs vs 2)"),
         tilings={**{key: p.tiling_for(key, d, causal, window) for key in p.kernels},
-                 "fwd": paired_tiling(fwd_tiling) if paired else fwd_tiling},
+                 "fwd": paired_tiling(fwd_tiling) if paired else fwd_tiling,
+                 "postprocess": postprocess_tiling(p.tiling_for("postprocess", d, causal, window),
+                                                   bwd_tiling.get("bulk_dq", False))},
     )
 
 

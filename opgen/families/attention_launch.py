@@ -26,6 +26,27 @@ def tuned_tiling(tilings, base, head_dim, causal, window):
 # <<<
 
 
+# >>> dq accumulator
+# Rows of a dQ tile that one bulk reduce-add carries (a bwd tiling with bulk_dq).
+DQ_TILE = 16
+
+
+def padded_rows(seq_len):
+    """Rows of lse, Delta and the fp32 dQ accumulator: a multiple of DQ_TILE, so that an fp32 row
+    is 16-byte aligned for TMA copies, the dQ fragment layout can group rows by 8, and the
+    bulk_dq layout holds whole tiles."""
+    return (seq_len + DQ_TILE - 1) // DQ_TILE * DQ_TILE
+
+
+def postprocess_tiling(tiling, bulk_dq):
+    """The postprocess's tiling for dQ written by a bwd kernel with (or without) bulk_dq: the
+    accumulator's layout is the bwd kernel's, so the postprocess reads it the same way."""
+    return {**tiling, "bulk_dq": True} if bulk_dq else tiling
+
+
+# <<<
+
+
 # >>> paired causal forward
 # Causal forward grids of at most this many query blocks pair them (pairs_query_blocks).
 PAIRED_MAX_QUERY_BLOCKS = 16

@@ -26,7 +26,8 @@ from opgen.tune import Candidate
 # was 1.38-2.85x slower than the winner at all 46 (spec, head dim, mask, phase) tuned on the
 # H200 in runs 34-94 (each such block had the SM to itself). One warpgroup of 64 rows is timed on
 # one block an SM and on two, the forward's also on three and four (blocks_per_sm; the rules keep
-# such blocks to 128 threads and their share of the SM's shared memory).
+# such blocks to 128 threads and their share of the SM's shared memory). The backward tries dQ
+# by bulk reduce-adds as well as by atomics (bulk_dq).
 SEARCH_SPACE = {
     "block_m": (64, 128),
     "block_n": (32, 64, 128),
@@ -35,7 +36,8 @@ SEARCH_SPACE = {
     "blocks_per_sm": (1, 2),
 }
 PHASE_SPACE = {"fwd": {"block_m": (64, 128, 192), "threads": (128, 256, 384),
-                       "overlap": (False, True), "blocks_per_sm": (1, 2, 3, 4)}, "bwd": {}}
+                       "overlap": (False, True), "blocks_per_sm": (1, 2, 3, 4)},
+               "bwd": {"bulk_dq": (False, True)}}
 # The shape a head dim is timed at when no [bench] shape has that head dim; a GQA spec's is
 # grouped, so that its backward is timed with the dK/dV reduction grouped calls use.
 DEFAULT_SHAPE = {"batch": 4, "heads": 16, "kv_heads": 16, "seq_len": 4096}
@@ -199,7 +201,8 @@ class AttentionTuner(Tuner):
     def describe_tiling(self, tiling: dict[str, Any]) -> str:
         return (f"{tiling['block_m']}x{tiling['block_n']} threads={tiling['threads']} "
                 f"stages={tiling['num_stages']}" + (" overlap" if tiling.get("overlap") else "")
-                + (f" {tiling['blocks_per_sm']} blocks/SM" if tiling.get("blocks_per_sm", 1) > 1 else ""))
+                + (f" {tiling['blocks_per_sm']} blocks/SM" if tiling.get("blocks_per_sm", 1) > 1 else "")
+                + (" bulk-dq" if tiling.get("bulk_dq") else ""))
 
     def time_candidates(self, spec, plan, autograd, found, report, workers, times) -> dict:
         return time_candidates(spec, plan, autograd, found, report, workers, times)
