@@ -14,12 +14,12 @@ postprocess, host included), on the H200:
 - no-dq-atomics, no-dq: bwd_ablations (timing only: dQ is wrong by design, so the gradient check
   skips them). `VARIANTS="no-dq-atomics,no-dq" python docs/profiling/bwd_variants_probe.py`:
   what the dQ path costs the backward.
-- bulk-dq: bwd_ablations' staged bulk reduce of dQ (its preprocess, bwd and postprocess, the dQ
-  accumulator's rows padded to a multiple of its tiles).
+- bulk-dq: the package's bwd with the tiling key bulk_dq (dQ staged and added by bulk
+  reduce-adds), and its postprocess reading that layout.
 
 Each case: the package's CallPlan, and copies of it whose three backward phases are replaced
 (the package's own preprocess and postprocess but for pairs, whose postprocess reads the
-accumulator's layout, and the bwd_ablations variants, which bring all three). Gradients are
+accumulator's layout, bulk-dq's too, and the bwd_ablations variants, which bring all three). Gradients are
 compared first at odd lengths (dQ differs only in the order of fp32 adds; the overlap's dK and
 dV in the order of MMA accumulation), then the backward is timed with the bench's stream_ms,
 package and variants interleaved over 3 rounds, the best of each. VARIANTS="pairs" keeps some.
@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bwd_schedules as S
-from bwd_ablations import ABLATIONS, DQ_TILE, EDITS, edited_kernels
+from bwd_ablations import ABLATIONS, edited_kernels
 
 from generated.attention import autograd as MHA, kernels as MHA_K, bench_attention as B
 from generated.attention_sink import autograd as SINK, kernels as SINK_K
@@ -79,13 +79,15 @@ def variant_key(case):
 
 
 def edit_of(name):
-    """The bwd_ablations variant a name asks for ("bulk-dq@128x64s2" -> "bulk-dq"), if any."""
+    """The variant a name asks for, without its tiling ("bulk-dq@128x64s2" -> "bulk-dq")."""
     return name.split("@")[0]
 
 
 def tiling_of(name, package_tiling):
     """The bwd tiling of a variant: the package's, or the one its name gives after "@"
-    ("overlap@128x64s2": block_m 128, block_n 64, 2 stages)."""
+    ("overlap@128x64s2": block_m 128, block_n 64, 2 stages); bulk-dq's with bulk_dq."""
+    if edit_of(name) == "bulk-dq":
+        package_tiling = dict(package_tiling, bulk_dq=True)
     if "@" not in name:
         return package_tiling
     m, rest = name.split("@")[1].split("x")
@@ -107,7 +109,9 @@ def build_variants(cases):
             bwd_factory = S.bwd_overlap if "overlap" in name else calls["bwd"][0]
             (pre_factory, pre_args, pre_tiling), (post_factory, post_args, post_tiling) = (
                 calls["preprocess"], calls["postprocess"])
-            if edit_of(name) in EDITS:  # the edited module's three backward phases
+            if edit_of(name) == "bulk-dq":  # the postprocess reads the bulk_dq layout
+                post_tiling = K.postprocess_tiling(post_tiling, True)
+            if edit_of(name) in ABLATIONS:  # the edited module's three backward phases
                 E = edited_kernels(PACKAGE_DIRS[p], edit_of(name))
                 bwd_factory, pre_factory, post_factory = (
                     getattr(E, f.func.__name__) for f in (bwd_factory, pre_factory, post_factory))
@@ -137,13 +141,6 @@ def plans(case, q, k):
     for name in VARIANTS:
         variant = variants[name] = copy.copy(plan)
         variant.preprocess, variant.bwd, variant.postprocess = BUILT[variant_key(case) + (name,)]
-        if edit_of(name) == "bulk-dq":
-            # Whole tiles of dQ rows (bshd: rows are dim 1). lse and Delta keep the package's
-            # padding: each buffer's padded rows are a symbol of their own in the kernels, and
-            # TMA zero-fills the rows of lse and Delta past theirs.
-            shape = list(plan.dq_accum_shape)
-            shape[1] = (s + DQ_TILE - 1) // DQ_TILE * DQ_TILE
-            variant.dq_accum_shape = tuple(shape)
     return plan, variants, reds
 
 
