@@ -28,6 +28,7 @@ from .kernels import (
     padded_rows,
     paired_tiling,
     pairs_query_blocks,
+    postprocess_tiling,
     tuned_tiling,
 )
 from .reference import gqa_reference
@@ -303,8 +304,10 @@ def variant_calls(
 ):
     """(factory, args, tiling) of each phase's kernel for one variant: what the phases launch,
     and what the first forward of a new variant builds at once. The fwd/bwd
-    tiling is the one tuned for the variant where the spec lists one (tuned_tiling).    A causal variant without a window has a second forward, "fwd_pairs", that short calls run
+    tiling is the one tuned for the variant where the spec lists one (tuned_tiling).
+    A causal variant without a window has a second forward, "fwd_pairs", that short calls run
     (pairs_query_blocks): built with the rest, so that no new length compiles a kernel."""
+    bwd_tiling = tuned_tiling(BWD_TILINGS, BWD_TILING, head_dim, causal, window)
     calls = {
         "fwd": (
             gqa_fwd,
@@ -330,12 +333,12 @@ def variant_calls(
                 dk_reduction,
                 dv_reduction,
             ),
-            tuned_tiling(BWD_TILINGS, BWD_TILING, head_dim, causal, window),
+            bwd_tiling,
         ),
         "postprocess": (
             gqa_bwd_postprocess,
             (heads, kv_heads, head_dim, layout, dtype, dk_reduction, dv_reduction),
-            POSTPROCESS_TILING,
+            postprocess_tiling(POSTPROCESS_TILING, bwd_tiling.get("bulk_dq", False)),
         ),
     }
     if has_paired_forward(causal, window):

@@ -38,7 +38,7 @@ def runtime_dims():
 
 def padded_dim():
     """The rows of lse, Delta and the dQ accumulator (padded_rows(seq_len)) as their own symbol:
-    TVM cannot solve (seq_len + 7) // 8 * 8 for seq_len when it binds the shapes of a call."""
+    TVM cannot solve padded_rows' rounding for seq_len when it binds the shapes of a call."""
     return T.dynamic("padded_rows")
 
 
@@ -197,10 +197,21 @@ def paired_tiling(tiling):
     return {**paired, "pair_blocks": True}
 
 
+# Rows of a dQ tile that one bulk reduce-add carries (a bwd tiling with bulk_dq).
+DQ_TILE = 16
+
+
 def padded_rows(seq_len):
-    """Rows of lse, Delta and the fp32 dQ accumulator: a multiple of 8, so that an fp32 row is
-    16-byte aligned for TMA copies, and the dQ fragment layout below can group rows by 8."""
-    return (seq_len + 7) // 8 * 8
+    """Rows of lse, Delta and the fp32 dQ accumulator: a multiple of DQ_TILE, so that an fp32 row
+    is 16-byte aligned for TMA copies, the dQ fragment layout can group rows by 8, and the
+    bulk_dq layout holds whole tiles."""
+    return (seq_len + DQ_TILE - 1) // DQ_TILE * DQ_TILE
+
+
+def postprocess_tiling(tiling, bulk_dq):
+    """The postprocess's tiling for dQ written by a bwd kernel with (or without) bulk_dq: the
+    accumulator's layout is the bwd kernel's, so the postprocess reads it the same way."""
+    return {**tiling, "bulk_dq": True} if bulk_dq else tiling
 
 
 # dK/dV reductions whose bwd kernel writes the gradients themselves, in the input dtype: nothing
@@ -226,9 +237,25 @@ def dkv_buffer(layout, reduction, batch, heads, kv_heads, seq_len, dim, dtype):
     return _shape(layout, heads // kv_heads * batch, kv_heads, seq_len, dim), ACCUM
 
 
-def _dq_layout(layout, dQ):
-    # Per-element dQ atomics land in the 8x8 fragment order of the GEMM that produced them, so
-    # neighbouring threads hit neighbouring addresses. The postprocess reads the same layout.
+def _swizzled(row, col):
+    # A row's 16-byte chunks XORed with the row's index mod 8: the staged dQ tile's stores from
+    # the GEMM fragment (8 rows a warp, 512 bytes apart) spread over every bank.
+    return ((col // 4) ^ (row % 8)) * 4 + col % 4
+
+
+def _dq_layout(layout, dQ, bulk_dq):
+    # bulk_dq: tiles of DQ_TILE rows of one head, each contiguous and in the staged tile's
+    # (swizzled) order, so that a tile is one bulk reduce-add. Else per-element dQ atomics land
+    # in the 8x8 fragment order of the GEMM that produced them, so neighbouring threads hit
+    # neighbouring addresses. The postprocess reads the bwd kernel's layout.
+    if bulk_dq:
+        if layout == "bshd":
+            return T.Layout(
+                dQ.shape, lambda b, l, h, d: [b, h, l // DQ_TILE, l % DQ_TILE, _swizzled(l, d)]
+            )
+        return T.Layout(
+            dQ.shape, lambda b, h, l, d: [b, h, l // DQ_TILE, l % DQ_TILE, _swizzled(l, d)]
+        )
     if layout == "bshd":
         return T.Layout(
             dQ.shape, lambda b, l, h, d: [b, l // 8, h, d // 8, d % 2, 4 * (l % 8) + (d % 8) // 2]
@@ -236,6 +263,15 @@ def _dq_layout(layout, dQ):
     return T.Layout(
         dQ.shape, lambda b, h, l, d: [b, h, l // 8, d // 8, d % 2, 4 * (l % 8) + (d % 8) // 2]
     )
+
+
+def _bwd_layouts(layout, dQ, dq_staged, bulk_dq):
+    """The bwd kernel's layout annotations: dQ's, and with bulk_dq the staged tile's (swizzled as
+    dQ's tiles, so that a tile is copied as it lies)."""
+    if bulk_dq:
+        staged = T.Layout(dq_staged.shape, lambda i, j: [i, _swizzled(i, j)])
+        return {dQ: _dq_layout(layout, dQ, bulk_dq), dq_staged: staged}
+    return {dQ: _dq_layout(layout, dQ, bulk_dq)}
 
 
 @T.macro
@@ -585,9 +621,9 @@ def gqa_bwd_preprocess(
     so they must start at zero: each block zeroes its rows of them here, which saves a fill
     launch per buffer. Block (bx, by, bz) zeroes rows [bx * block_m, (bx + 1) * block_m) of query
     head by in dQ, and of KV head by in an atomic dK/dV buffer where by < kv_heads. block_m is a
-    multiple of 8, so the grid covers all padded_rows rows of dQ. Zeros are zeros in any order:
-    the plain row order here covers the same elements as the fragment layout the bwd kernel
-    and the postprocess give dQ (every row of every head, each once).
+    power of two >= 16, so the grid covers all padded_rows rows of dQ. Zeros are zeros in any
+    order: the plain row order here covers the same elements as either layout the bwd kernel and
+    the postprocess give dQ (every row of every head, each once).
     """
     batch, seq_len = runtime_dims()
     shape = _shape(layout, batch, heads, seq_len, dim)
@@ -654,6 +690,7 @@ def gqa_bwd(
     threads,
     num_stages,
     blocks_per_sm=1,
+    bulk_dq=False,
 ):
     """dQ by fp32 atomics; dK, dV per query head, written, split or atomically added, or per KV head summed over its group in the block (in_block). Grid (ceildiv(seq_len, block_m), heads (kv_heads with in_block dK/dV), batch).
 
@@ -664,6 +701,9 @@ def gqa_bwd(
     `dkv_buffer` are passed in.
     softmax_scale: the forward's (P is recomputed from lse with it; dS carries it into dQ, dK).
     blocks_per_sm=2 (threads 128): two blocks share an SM (split_registers).
+    bulk_dq: each step's dQ tile is staged in shared memory and added into the accumulator (laid
+    out in DQ_TILE-row tiles) by bulk reduce-adds that one thread issues; the wait for a step's
+    adds to have read the stage is put off to the next step, where the stage is long read.
     """
     batch, seq_len = runtime_dims()
     scale = softmax_scale * LOG2E
@@ -685,6 +725,7 @@ def gqa_bwd(
     rows, elem, _ = _indexers(layout)
     visible = _visibility(seq_len, causal, window)
     needs_mask = _needs_mask(seq_len, causal, window)
+    staged_dq_shape = [block_n, dim] if bulk_dq else [1]
 
     @T.macro
     def store_dkv(acc, staging, out, reduction, bx, by, bz):
@@ -698,6 +739,27 @@ def gqa_bwd(
         else:  # direct or in_block: bx is the KV head
             T.copy(acc, staging)
             T.copy(staging, rows(out, bz, bx, by * block_m, block_m))
+
+    @T.macro
+    def add_staged_dq(dq, dq_staged, dQ, tx, bz, h, k):
+        T.copy(dq, dq_staged)
+        # The stage's generic-proxy writes made visible to the bulk copies, then every consumer
+        # thread's part of it written before one thread issues them.
+        T.fence_proxy_async()
+        T.sync_threads(5, threads)
+        if tx == 0:
+            for t in T.serial(block_n // DQ_TILE):
+                # Tiles past the accumulator's padded rows hold no query; those within it but
+                # past seq_len add zeros' worth of masked rows the postprocess never reads.
+                if k * block_n + t * DQ_TILE < dQ.shape[1 if layout == "bshd" else 2]:
+                    T.call_extern(
+                        "handle",
+                        "tl::tma_store_add",
+                        T.address_of(dq_staged[t * DQ_TILE, 0]),
+                        T.address_of(elem(dQ, bz, h, k * block_n + t * DQ_TILE, 0)),
+                        DQ_TILE * dim * 4,
+                    )
+                T.tma_store_arrive()
 
     @T.prim_func
     def bwd(
@@ -735,8 +797,11 @@ def gqa_bwd(
             dk_shared = T.alloc_shared([block_m, dim], dtype)
             lse_shared = T.alloc_shared([block_n], ACCUM)
             delta = T.alloc_shared([block_n], ACCUM)
-
-            T.annotate_layout({dQ: _dq_layout(layout, dQ)})
+            # A name bound under `if` is gone after it: the stage is allocated either way (one
+            # element where unused).
+            dq_staged = T.alloc_shared(staged_dq_shape, ACCUM)
+            T.annotate_layout(_bwd_layouts(layout, dQ, dq_staged, bulk_dq))
+            tx = T.get_thread_binding()
             kv_head = bx if in_block else bx // groups
             T.copy(rows(K, bz, kv_head, by * block_m, block_m), K_shared)
             T.copy(rows(V, bz, kv_head, by * block_m, block_m), V_shared)
@@ -780,18 +845,28 @@ def gqa_bwd(
                 for i, j in T.Parallel(block_m, block_n):
                     dsT_cast[i, j] = qkT[i, j] * (dsT[i, j] - delta[j]) * softmax_scale
                 T.gemm(dsT_cast, q, dk, policy=T.GemmWarpPolicy.FullRow)
+                if bulk_dq:
+                    if tx == 0:
+                        # The last step's bulk adds have read dq_staged by now (a whole step
+                        # ago); the barrier before dS's store below tells every thread.
+                        T.tma_store_wait(0)
                 T.copy(dsT_cast, dsT_shared)
                 T.clear(dq)
                 T.gemm(dsT_shared, K_shared, dq, transpose_A=True)
+                if bulk_dq:
+                    add_staged_dq(dq, dq_staged, dQ, tx, bz, h, k)
                 # Rows past seq_len belong to no query: only the tail block guards each atomic
                 # (a per-element guard on every block costs ~10% of the kernel).
-                if k * block_n + block_n <= seq_len:
+                elif k * block_n + block_n <= seq_len:
                     for i, j in T.Parallel(block_n, dim):
                         T.atomic_add(elem(dQ, bz, h, k * block_n + i, j), dq[i, j])
                 else:
                     for i, j in T.Parallel(block_n, dim):
                         if k * block_n + i < seq_len:
                             T.atomic_add(elem(dQ, bz, h, k * block_n + i, j), dq[i, j])
+            if bulk_dq:
+                if tx == 0:
+                    T.tma_store_wait(0, read=False)  # every add done before the block ends
             store_dkv(dv, dv_shared, dV, dv_reduction, bx, by, bz)
             store_dkv(dk, dk_shared, dK, dk_reduction, bx, by, bz)
 
@@ -800,7 +875,7 @@ def gqa_bwd(
 
 @tilelang.jit
 def gqa_bwd_postprocess(
-    heads, kv_heads, dim, layout, dtype, dk_reduction, dv_reduction, block_m, threads
+    heads, kv_heads, dim, layout, dtype, dk_reduction, dv_reduction, block_m, threads, bulk_dq=False
 ):
     """cast the fp32 dQ accumulator (fragment layout) to the input dtype; split or atomic dK/dV: finished from their fp32 buffers too. Grid (ceildiv(seq_len, block_m), heads (+ kv_heads: split or atomic dK/dV), batch).
 
@@ -846,7 +921,7 @@ def gqa_bwd_postprocess(
                 by,
                 bz,
             ):
-                T.annotate_layout({dQ: _dq_layout(layout, dQ)})
+                T.annotate_layout({dQ: _dq_layout(layout, dQ, bulk_dq)})
                 cast_dq(dQ, dQ_out, bx, by, bz)
 
         return bwd_postprocess
@@ -877,7 +952,7 @@ def gqa_bwd_postprocess(
             by,
             bz,
         ):
-            T.annotate_layout({dQ: _dq_layout(layout, dQ)})
+            T.annotate_layout({dQ: _dq_layout(layout, dQ, bulk_dq)})
             if by < heads:
                 cast_dq(dQ, dQ_out, bx, by, bz)
             else:
