@@ -2,15 +2,17 @@
 outside the project, keyed by everything that determines a result. A rebuild of unchanged kernels
 compiles nothing.
 
-The key covers the kernel's code (kernels.py without its header), the job (factory, arguments,
-tiling), the check's own rules (the shared-memory limit, CHECK_VERSION) and the toolchain
-(tilelang, nvcc, target). Only passes are stored: a failure compiles again, so its error is shown.
-A missing, unreadable or corrupt entry is a miss; a cache that cannot be written is used read-only
-after one warning, never a failed build.
+The key covers the code a job's kernel compiles from (reached_code: its factory and the module
+code the factory reads, without comments and docstrings; a tiling table only the launcher reads is
+not part of it), the job (factory, arguments, tiling), the check's own rules (the shared-memory
+limit, CHECK_VERSION) and the toolchain (tilelang, nvcc, target). Only passes are stored: a
+failure compiles again, so its error is shown. A missing, unreadable or corrupt entry is a miss; a
+cache that cannot be written is used read-only after one warning, never a failed build.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -26,7 +28,7 @@ from typing import Callable, Iterable
 
 from opgen.compile import TARGET, CompileResult
 from opgen.plan import SM90_SMEM_LIMIT, CompileJob
-from opgen.render import without_header
+from opgen.render import bare_tree, kernel_code
 
 # Bump when compile_one's verdict changes meaning (what it reads from a kernel, what it refuses):
 # entries written under the old rules then miss.
@@ -104,10 +106,64 @@ def job_key(kernels_py: str, job: CompileJob, tools: Toolchain) -> str:
     """The cache key of one job of a rendered kernels.py."""
     return digest({
         "check": CHECK_RULES,
-        "code": hashlib.sha256(without_header(kernels_py).encode("utf-8")).hexdigest(),
+        "code": hashlib.sha256(reached_code(kernels_py, job.factory).encode("utf-8")).hexdigest(),
         "job": compiled_part(job),
         "tools": tools.record(),
     })
+
+
+# --- what a job compiles from: its factory and the module code it reaches -------------------------
+
+
+@lru_cache(maxsize=32)  # a build asks once per compile job, with the same few texts
+def _statements(kernels_py: str) -> tuple[tuple[frozenset, frozenset, str], ...] | None:
+    """kernels.py's top-level statements as (names each binds, names it reads, its code), comments
+    and docstrings left out; a statement that binds nothing (an import, a top-level call, anything
+    but a plain definition or assignment) binds "*": every job reaches it. None when the text does
+    not parse."""
+    tree = bare_tree(kernels_py)
+    if tree is None:
+        return None
+    parts = []
+    for node in tree.body:
+        reads = frozenset(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            binds = frozenset([node.name])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and all(
+                isinstance(t, ast.Name) for t in _targets(node)):
+            binds = frozenset(t.id for t in _targets(node))
+        else:
+            binds = frozenset("*")
+        parts.append((binds, reads - binds, ast.unparse(node)))
+    return tuple(parts)
+
+
+def _targets(node: ast.Assign | ast.AnnAssign) -> list[ast.expr]:
+    return node.targets if isinstance(node, ast.Assign) else [node.target]
+
+
+def reached_code(kernels_py: str, factory: str) -> str:
+    """The code of kernels.py that factory's kernels compile from: the statements that define it
+    and what it reads, transitively, plus every statement that defines no name (imports). A table
+    that only the launcher reads (a tuned tiling table) is not part of it, so retuning one entry
+    compiles only the jobs that entry adds. kernel_code(kernels_py) when it does not parse or has
+    no top-level factory of that name."""
+    parts = _statements(kernels_py)
+    if parts is None or not any(factory in binds for binds, _, _ in parts):
+        return kernel_code(kernels_py)
+    wanted, reached = {factory}, set()
+    for binds, reads, _ in parts:
+        if "*" in binds:
+            wanted |= reads
+    while True:
+        new = {i for i, (binds, _, _) in enumerate(parts)
+               if i not in reached and ("*" in binds or binds & wanted)}
+        if not new:
+            break
+        reached |= new
+        for i in new:
+            wanted |= parts[i][1]
+    return "\n".join(code for i, (_, _, code) in enumerate(parts) if i in reached)
 
 
 def cache_dir() -> Path:

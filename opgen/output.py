@@ -32,7 +32,7 @@ from typing import Iterator
 from opgen.compile_cache import jobs_digest
 from opgen.errors import OpgenError
 from opgen.manifest import MANIFEST, Manifest, ManifestError, parse_manifest, sha256
-from opgen.render import OUT_ROOT, SPEC_FILE, Generated, without_header
+from opgen.render import OUT_ROOT, SPEC_FILE, Generated, kernel_code
 
 try:
     import fcntl
@@ -131,30 +131,30 @@ def _owner_problem(gen: Generated, target: Path, current: dict[str, bytes]) -> s
 
 
 def earlier_compile_check(current: dict[str, bytes], gen: Generated) -> Manifest | None:
-    """The manifest of an earlier build whose compile check still holds: the code of kernels.py
-    the same (its header, which names the spec and its hash, is no part of what compiled; the
-    compile cache ignores it too), kernels.py as that build wrote it (no hand edit), and the same
-    jobs checked (a new bench shape is a kernel instance no check has compiled)."""
+    """The manifest of an earlier build whose compile check still holds: kernels.py as that build
+    wrote it (no hand edit), its code the same as gen's (kernel_code: the header, which names the
+    spec and its hash, comments and docstrings are no part of what compiled; the compile cache
+    ignores them too), and the same jobs checked (a new bench shape is a kernel instance no check
+    has compiled)."""
     manifest = _parse_or_none(current.get(MANIFEST))
     kernels = gen.files.get("kernels.py")
     on_disk = current.get("kernels.py")
     if (manifest and manifest.compile_checked and kernels is not None and on_disk is not None
             and manifest.files.get("kernels.py") == sha256(on_disk)
-            and without_header(on_disk.decode("utf-8", "replace")) == without_header(kernels)
+            and kernel_code(on_disk.decode("utf-8", "replace")) == kernel_code(kernels)
             and (manifest.compiled_with or {}).get("jobs") == jobs_digest(gen.plan.compile_jobs)):
         return manifest
     return None
 
 
 def recorded_compile_check(gen: Generated, root: Path) -> dict[str, str] | None:
-    """What the package on disk records beside a passing compile check of exactly gen's kernels.py
-    (by its hash in the manifest): the toolchain and the jobs' digest (check_record); or None."""
-    manifest = _parse_or_none(_read_or_none(root / gen.out_dir / MANIFEST))
-    kernels = gen.files.get("kernels.py")
-    if (manifest and manifest.compile_checked and kernels is not None
-            and manifest.files.get("kernels.py") == sha256(kernels)):
-        return manifest.compiled_with
-    return None
+    """What the package on disk under root records beside a compile check that still holds for
+    gen (earlier_compile_check): the toolchain and the jobs' digest (check_record); or None."""
+    target = root / gen.out_dir
+    current = {name: data for name in (MANIFEST, "kernels.py")
+               if (data := _read_or_none(target / name)) is not None}
+    earlier = earlier_compile_check(current, gen)
+    return earlier.compiled_with if earlier else None
 
 
 def _read_or_none(path: Path) -> bytes | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
@@ -134,6 +135,30 @@ def without_header(text: str) -> str:
     lines = text.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
     return "".join(lines[start:])
+
+
+def bare_tree(text: str) -> ast.Module | None:
+    """text parsed as Python, its docstrings dropped (a tree holds no comments); None when it does
+    not parse."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if ast.get_docstring(node, clean=False) is not None:
+                node.body = node.body[1:] or [ast.Pass()]
+    return tree
+
+
+@lru_cache(maxsize=32)
+def kernel_code(text: str) -> str:
+    """What of a generated kernels.py compiles: its code as Python reads it, without comments (the
+    header among them) and docstrings. A manifest's record of a compile check holds while this is
+    the same, so an edit of a comment or a docstring is no new kernel. Text that does not parse is
+    its own code (without the header)."""
+    tree = bare_tree(text)
+    return without_header(text) if tree is None else ast.unparse(tree)
 
 
 def manifest(source: SourceInfo, files: dict[str, str], compile_checked: bool,

@@ -7,6 +7,7 @@ kernel's one store per head comes from one thread."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -189,3 +190,23 @@ def test_the_postprocess_reads_dq_in_the_layout_of_the_bwd_kernel():
     fragments = dq_reads(lower(gqa.gqa_bwd_postprocess, args, TILING["postprocess"]))
     assert tiled and all("^" in line for line in tiled), tiled
     assert fragments and not any("^" in line for line in fragments), fragments
+
+
+def test_code_without_comments_and_docstrings_lowers_to_the_same_cuda(tmp_path):
+    """The compile cache and the manifests key a kernel on kernels.py's code without comments
+    and docstrings (kernel_code): that code lowers to the same CUDA, here the sinks-and-window
+    forward (its T.macro helpers carry docstrings)."""
+    import importlib.util
+
+    from opgen.render import kernel_code
+
+    sink = import_generated("attention_sink", "kernels")
+    bare_py = tmp_path / "bare_kernels.py"
+    bare_py.write_text(kernel_code(Path(sink.__file__).read_text()))
+    assert '"""' not in bare_py.read_text() and "#" not in bare_py.read_text()
+    spec = importlib.util.spec_from_file_location("bare_kernels", bare_py)
+    bare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bare)
+    args = (32, 8, 64, True, 128, "bshd", "bfloat16", 0.125)
+    tiling = {"block_m": 64, "block_n": 64, "threads": 128, "num_stages": 2}
+    assert lower(bare.attention_sink_fwd, args, tiling) == lower(sink.attention_sink_fwd, args, tiling)

@@ -24,9 +24,9 @@ from opgen.compile_cache import (ResultCache, Toolchain, cache_dir, check_record
 from opgen.manifest import ManifestError, parse_manifest
 from opgen.output import recorded_compile_check, write
 from opgen.plan import CompileJob
-from opgen.render import generate, without_header
+from opgen.render import generate, kernel_code, without_header
 
-from conftest import opgen_command
+from conftest import REPO_ROOT, opgen_command
 
 # 6 compile jobs (fwd and bwd, sigmoid saved or recomputed, at a test shape and at the bench
 # shape): the cheapest family, about 7 s of compiling on 2 cores.
@@ -120,6 +120,103 @@ def test_key_is_stable_and_ignores_the_header_and_the_label():
     moved = KERNELS.replace("specs/tiny.toml", "ops/tiny.toml").replace("0123", "4567")
     assert job_key(moved, JOB, TOOLS) == key
     assert job_key(KERNELS, replace(JOB, label="renamed"), TOOLS) == key
+
+
+# A kernels.py with a docstring, a comment and a string that is code (not a docstring).
+DOCUMENTED = KERNELS + '''
+
+def tiny_fwd(rows):
+    """Rows by one block each."""
+    # one block a row
+    return {"rows": rows, "note": "kept"}
+'''
+
+
+@pytest.mark.parametrize("edit", [
+    lambda k: k.replace("Rows by one block each.", "Each row by its own block."),
+    lambda k: k.replace('    """Rows by one block each."""\n', ""),
+    lambda k: k.replace("# one block a row", "# a block a row: rows are short"),
+    lambda k: k.replace('rows, "note"', 'rows,  # what was asked\n        "note"'),
+], ids=["docstring", "no docstring", "comment", "comment and layout"])
+def test_key_ignores_comments_and_docstrings(edit):
+    """They are no part of what compiles: editing one recompiles nothing."""
+    edited = edit(DOCUMENTED)
+    assert edited != DOCUMENTED
+    assert job_key(edited, JOB, TOOLS) == job_key(DOCUMENTED, JOB, TOOLS)
+    # A string that is code is the kernel's.
+    assert job_key(DOCUMENTED.replace('"kept"', '"changed"'), JOB, TOOLS) != job_key(DOCUMENTED, JOB, TOOLS)
+
+
+# A kernels.py whose factory tiny_fwd reads a helper and a constant, beside a launcher's table and
+# another factory.
+FACTORED = KERNELS + '''
+SCALE = 2
+TABLE = {64: {"threads": 128}}
+UNUSED = 1
+
+
+def helper(x):
+    return x * SCALE
+
+
+def tiny_fwd(rows):
+    return helper(rows)
+
+
+def tiny_bwd(rows):
+    return rows + UNUSED
+
+
+def pick(dim):
+    return TABLE.get(dim)
+'''
+
+
+@pytest.mark.parametrize("edit", [
+    lambda k: k.replace('{64: {"threads": 128}}', '{64: {"threads": 256}, 128: {"threads": 128}}'),
+    lambda k: k.replace("return TABLE.get(dim)", "return TABLE[dim]"),
+    lambda k: k.replace("return rows + UNUSED", "return rows - UNUSED"),
+    lambda k: k.replace("UNUSED = 1", "UNUSED = 2"),
+    lambda k: k + "\n\ndef another(x):\n    return x\n",
+], ids=["table", "launcher", "other factory", "other constant", "new function"])
+def test_key_ignores_code_the_factory_does_not_read(edit):
+    """A job's kernel compiles from its factory and what that reads: retuning a table the launcher
+    reads, or editing another factory, is no new kernel for it."""
+    edited = edit(FACTORED)
+    assert edited != FACTORED
+    assert job_key(edited, JOB, TOOLS) == job_key(FACTORED, JOB, TOOLS)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda k: k.replace("SCALE = 2", "SCALE = 3"),
+    lambda k: k.replace("return x * SCALE", "return x * SCALE + 1"),
+    lambda k: k.replace("return helper(rows)", "return helper(rows) + 1"),
+    lambda k: k.replace("import tilelang\n", "import tilelang\nimport math\n"),
+    lambda k: k + "\nTABLE.update({32: {}})\n",
+    lambda k: k + "\nSCALE = 4\n",
+], ids=["constant read", "helper", "factory", "import", "top-level statement", "rebound"])
+def test_key_changes_with_code_the_factory_reads(edit):
+    assert job_key(edit(FACTORED), JOB, TOOLS) != job_key(FACTORED, JOB, TOOLS)
+
+
+def test_a_tuned_table_entry_is_no_new_kernel_for_the_other_variants():
+    """attention's kernels.py: a new tuned forward tiling changes what the launcher picks, not the
+    code of a factory, so every job keeps its key (only the jobs of the new tiling are new)."""
+    kernels = (REPO_ROOT / "generated/attention/kernels.py").read_text()
+    table = "FWD_TILINGS = {\n"
+    assert table in kernels
+    retuned = kernels.replace(table, table + '    (96, False, 0): {"block_m": 64, "block_n": 64, '
+                                              '"threads": 128, "num_stages": 1},\n')
+    assert kernel_code(retuned) != kernel_code(kernels)
+    for factory in ("attention_fwd", "attention_bwd", "attention_bwd_preprocess",
+                    "attention_bwd_postprocess"):
+        job = replace(JOB, factory=factory)
+        assert job_key(retuned, job, TOOLS) == job_key(kernels, job, TOOLS), factory
+    # A constant the forward reads is part of its key.
+    job = replace(JOB, factory="attention_fwd")
+    assert "LOG2E = 1.44269504" in kernels
+    assert job_key(kernels.replace("LOG2E = 1.44269504", "LOG2E = 1.4427"), job, TOOLS) != \
+        job_key(kernels, job, TOOLS)
 
 
 @pytest.mark.parametrize("change", [
@@ -239,6 +336,43 @@ def test_a_no_compile_build_keeps_the_record_of_unchanged_kernels(project, tiny,
     write(tiny, project, compile_checked=True, compiled_with=check_record(TOOLS, tiny.plan.compile_jobs))
     assert cli("build", "--no-compile").exit_code == 0
     assert recorded_compile_check(tiny, project) == check_record(TOOLS, tiny.plan.compile_jobs)
+
+
+def test_a_comment_or_docstring_edit_keeps_the_record(project, tiny):
+    """Rewording the kernels' docstrings or comments (a template edit) changes no kernel: the
+    record of the earlier check holds, and a build without the compile check keeps it."""
+    record = check_record(TOOLS, tiny.plan.compile_jobs)
+    write(tiny, project, compile_checked=True, compiled_with=record)
+    kernels = tiny.files["kernels.py"]
+    assert '"""TileLang kernels of `tiny`' in kernels
+    reworded = kernels.replace('"""TileLang kernels of `tiny`', '"""The TileLang kernels of `tiny`')
+    edited = replace(tiny, files={**tiny.files, "kernels.py": reworded + "# a closing remark\n"})
+    assert recorded_compile_check(edited, project) == record
+    write(edited, project)
+    on_disk = project / "generated/tiny/kernels.py"
+    assert on_disk.read_text() == edited.files["kernels.py"]
+    assert recorded_compile_check(edited, project) == record
+    # A hand edit of the file on disk is not what the check compiled, not even a comment.
+    on_disk.write_text(on_disk.read_text() + "# mine\n")
+    assert recorded_compile_check(edited, project) is None
+
+
+def test_a_retiled_phase_keeps_the_keys_of_the_other_phase(project, tiny):
+    """A new forward tiling in the spec changes kernels.py's FWD_TILING, which no factory reads:
+    the backward's jobs keep their keys (their cached passes hold), the forward's are new."""
+    (project / "specs/tiny.toml").write_text(RETILED)
+    retiled = generate(Path("specs/tiny.toml"))
+    assert retiled.files["kernels.py"] != tiny.files["kernels.py"]
+
+    def keys(gen):
+        return {(job.factory, job.args, tuple(job.tiling.items())):
+                job_key(gen.files["kernels.py"], job, TOOLS) for job in gen.plan.compile_jobs}
+
+    before, after = keys(tiny), keys(retiled)
+    kept = before.keys() & after.keys()
+    assert {factory for factory, _, _ in kept} == {"tiny_bwd"}
+    assert all(before[job] == after[job] for job in kept)
+    assert {factory for factory, _, _ in after.keys() - kept} == {"tiny_fwd"}
 
 
 def test_a_new_job_over_the_same_kernels_is_not_covered_by_the_record(project, tiny, cli):
@@ -378,12 +512,15 @@ def test_manifest_records_skip_the_check_with_an_empty_cache(first_build, tmp_pa
 
 @pytest.mark.compile
 @pytest.mark.xdist_group("compile_cache")
-def test_a_spec_change_compiles_only_that_spec(first_build, tmp_path):
+def test_a_spec_change_compiles_only_what_it_changes(first_build, tmp_path):
+    """A new forward tiling in one spec of two: that spec's forward jobs compile; its backward
+    jobs (same code, same tiling) come from the cache, the other spec from its manifest."""
     project, cache = copy_of(first_build, tmp_path, generated=True, cache=True)
     (project / "specs/tiny.toml").write_text(RETILED)
     result = opgen("build", cwd=project, cache=cache)
-    assert counts(result.stdout) == (2 * TINY_JOBS, TINY_JOBS, 0, TINY_JOBS)
-    assert len(entries(cache)) == 3 * TINY_JOBS
+    fwd = TINY_JOBS // 2
+    assert counts(result.stdout) == (2 * TINY_JOBS, fwd, TINY_JOBS - fwd, TINY_JOBS)
+    assert len(entries(cache)) == 2 * TINY_JOBS + fwd
 
 
 @pytest.mark.compile
