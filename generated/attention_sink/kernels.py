@@ -828,7 +828,7 @@ def attention_sink_bwd(
     blocks_per_sm=1,
     bulk_dq=False,
 ):
-    """dQ by fp32 atomics; dK, dV per query head, written, split or atomically added, or per KV head summed over its group in the block (in_block). Grid (ceildiv(seq_len, block_m), heads (kv_heads with in_block dK/dV), batch).
+    """dQ by fp32 atomics (bulk_dq: 16-row tiles staged in shared memory, added by bulk reduce-adds); dK, dV per query head, written, split or atomically added, or per KV head summed over its group in the block (in_block). Grid (ceildiv(seq_len, block_m), heads (kv_heads with in_block dK/dV), batch).
 
     One block per (query head, KV block): it walks the query blocks that see its keys. With
     in_block dK/dV, one block per (KV head, KV block) walks them for every query head of its
@@ -1013,7 +1013,7 @@ def attention_sink_bwd(
 def attention_sink_bwd_postprocess(
     heads, kv_heads, dim, layout, dtype, dk_reduction, dv_reduction, block_m, threads, bulk_dq=False
 ):
-    """cast the fp32 dQ accumulator (fragment layout) to the input dtype; split or atomic dK/dV: finished from their fp32 buffers too. Grid (ceildiv(seq_len, block_m), heads (+ kv_heads: split or atomic dK/dV), batch).
+    """cast the fp32 dQ accumulator (laid out as the bwd kernel wrote it: by fragments, or by 16-row tiles with bulk_dq) to the input dtype; split or atomic dK/dV: finished from their fp32 buffers too. Grid (ceildiv(seq_len, block_m), heads (+ kv_heads: split or atomic dK/dV), batch).
 
     Blocks by < heads cast query head by of the fp32 dQ accumulator. Where the bwd kernel leaves
     dK and dV in fp32 buffers (split or atomic), kv_heads more blocks finish KV head by - heads of both:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Callable, Iterator, Literal
 from pydantic import AfterValidator, Field, StrictBool
 
 from opgen.families import attention_launch
-from opgen.families.attention_launch import (has_paired_forward, heads_per_block,
+from opgen.families.attention_launch import (DQ_TILE, has_paired_forward, heads_per_block,
                                               padded_rows, paired_tiling, pairs_query_blocks,
                                               postprocess_tiling, tuned_tiling, walks_heads)
 from opgen.families.contract import Family
@@ -142,7 +142,8 @@ class AttentionSection(StrictModel):
 # The choices of each reduction depend on the gradient and the variant: checked in
 # grad_reductions_allowed().
 class AttentionGrads(StrictModel):
-    # dQ gathers one contribution per KV block: fp32 atomics, then a cast (postprocess).
+    # dQ gathers one contribution per KV block: fp32 atomics (or bulk reduce-adds, the bwd
+    # tiling's bulk_dq), then a cast (postprocess).
     dq: Reduction = Reduction(reduction="atomic")
     # dK/dV: with one query head per KV head each KV block owns its rows: written directly.
     # With GQA the query heads of a group all add to them: fp32 atomics then a cast ("atomic"),
@@ -740,12 +741,14 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
                              "Delta = rowsum(O * dO); zeroes the fp32 atomic targets of the bwd kernel",
                              "(ceildiv(seq_len, block_m), heads, batch)", t.preprocess, (2,)),
         "bwd": kernel("bwd", "bwd", "bwd",
-                      "dQ by fp32 atomics; dK, dV per query head, written, split or atomically added, "
+                      f"dQ by fp32 atomics (bulk_dq: {DQ_TILE}-row tiles staged in shared memory, "
+                      "added by bulk reduce-adds); dK, dV per query head, written, split or atomically added, "
                       "or per KV head summed over its group in the block (in_block)",
                       "(ceildiv(seq_len, block_m), heads (kv_heads with in_block dK/dV), batch)",
                       t.bwd, None),
         "postprocess": kernel("postprocess", "bwd_postprocess", "bwd_postprocess",
-                              "cast the fp32 dQ accumulator (fragment layout) to the input dtype; "
+                              "cast the fp32 dQ accumulator (laid out as the bwd kernel wrote it: by "
+                              f"fragments, or by {DQ_TILE}-row tiles with bulk_dq) to the input dtype; "
                               "split or atomic dK/dV: finished from their fp32 buffers too",
                               "(ceildiv(seq_len, block_m), heads (+ kv_heads: split or atomic dK/dV), batch)",
                               t.postprocess, (1,)),
@@ -771,8 +774,8 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
     }
     grads = [
         GradPlan("dq", "q", chosen["dq"],
-                 "fp32 atomics from every KV block into a buffer the preprocess zeroes, then the "
-                 "postprocess cast"),
+                 "fp32 atomics (or bulk reduce-adds of shared-memory tiles: bulk_dq) from every KV "
+                 "block into a buffer the preprocess zeroes, then the postprocess cast"),
     ]
     for grad, inp in (("dk", "k"), ("dv", "v")):
         grads.append(GradPlan(grad, inp, chosen[grad], notes[chosen[grad]]))
