@@ -19,13 +19,13 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterable
 
+from opgen.cache import cache_dir, read_entry, write_entry
 from opgen.compile import TARGET, CompileResult
 from opgen.plan import SM90_SMEM_LIMIT, CompileJob
 from opgen.render import bare_tree, kernel_code
@@ -166,15 +166,6 @@ def reached_code(kernels_py: str, factory: str) -> str:
     return "\n".join(code for i, (_, _, code) in enumerate(parts) if i in reached)
 
 
-def cache_dir() -> Path:
-    """$OPGEN_CACHE_DIR, else $XDG_CACHE_HOME/opgen, else ~/.cache/opgen."""
-    if os.environ.get("OPGEN_CACHE_DIR"):
-        return Path(os.environ["OPGEN_CACHE_DIR"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"  # XDG: absolute only
-    return base / "opgen"
-
-
 class ResultCache:
     """Passing results under <cache dir>/compile/<key>.json."""
 
@@ -185,13 +176,13 @@ class ResultCache:
 
     def get(self, key: str, spec: str, label: str) -> CompileResult | None:
         """The stored pass of key as a result of (spec, label), or None (a miss)."""
+        data = read_entry(self.directory, key)
         try:
-            data = json.loads((self.directory / f"{key}.json").read_text(encoding="utf-8"))
-            if data["key"] != key or data["ok"] is not True:
+            if data is None or data["ok"] is not True:
                 return None
             return CompileResult(spec, label, True, float(data["seconds"]),
                                  int(data["smem_bytes"]), int(data["threads"]), source="cache")
-        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError):
             return None
 
     def put(self, key: str, result: CompileResult, tools: Toolchain) -> None:
@@ -199,19 +190,12 @@ class ResultCache:
         half an entry."""
         if not result.ok or not self._writable:
             return
-        data = {"key": key, "label": result.label, "ok": True, "seconds": round(result.seconds, 3),
+        data = {"label": result.label, "ok": True, "seconds": round(result.seconds, 3),
                 "smem_bytes": result.smem_bytes, "threads": result.threads,
                 "versions": tools.record()}
-        tmp = None
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=self.directory)
-            with os.fdopen(fd, "w", encoding="utf-8") as file:
-                json.dump(data, file, sort_keys=True)
-            os.replace(tmp, self.directory / f"{key}.json")
+            write_entry(self.directory, key, data)
         except OSError as exc:
             self._writable = False
-            if tmp:
-                Path(tmp).unlink(missing_ok=True)
             self._warn(f"warning: the compile cache {self.directory} cannot be written "
                        f"({exc.strerror or exc}); results of this build are not cached")

@@ -1,4 +1,5 @@
-"""spec file -> plan -> templates -> black: generate() is pure and returns {relative path: text}."""
+"""spec file -> plan -> templates -> black (opgen.format): generate() returns {relative path: text},
+the same for the same spec and opgen."""
 
 from __future__ import annotations
 
@@ -8,17 +9,16 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-import black
 import jinja2
 
 from opgen import __version__
 from opgen.errors import SpecError
 from opgen.families import FAMILIES, Family, family_names
+from opgen.format import formatted
 from opgen.manifest import MANIFEST, ManifestError, parse_manifest, render_manifest
 from opgen.plan import PlanBase, SourceInfo, import_root
 from opgen.spec import SpecSource, echo, read_spec, spec_digest, validate
 
-BLACK_MODE = black.Mode(line_length=100)
 # Where packages go unless `--out` says otherwise: <out root>/<name>/.
 OUT_ROOT = Path("generated")
 # The spec a package was built from, as its text was, inside the package: a package that lives in
@@ -110,14 +110,6 @@ def generate(path: Path, env: jinja2.Environment | None = None,
     files[SPEC_FILE] = source.text
     files[MANIFEST] = manifest(plan.source, files, compile_checked=False)
     return Generated(plan.name, plan.source.spec_path, plan, files, out_root)
-
-
-@lru_cache(maxsize=256)
-def formatted(text: str) -> str:
-    """black's output for a rendered file. Formatting is most of a render's time and a pure
-    function of the text, so a process that renders a spec again (`opgen tune`, opgen's own tests)
-    formats each distinct text once."""
-    return black.format_str(text, mode=BLACK_MODE)
 
 
 def header(source: SourceInfo) -> str:

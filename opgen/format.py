@@ -1,0 +1,35 @@
+"""The format step: black's output for each rendered file. Formatting is most of a render's time
+and a pure function of the text (and black's version and mode), so its output is kept: in this
+process, and in the cache directory (<cache dir>/black/), so that a rebuild in a new process
+(`opgen build` with nothing changed, `opgen check`) formats nothing it formatted before. An entry
+that is missing, corrupt or unwritable is formatted again, silently: the output is the same."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+
+import black
+
+from opgen.cache import cache_dir, read_entry, write_entry
+
+BLACK_MODE = black.Mode(line_length=100)
+
+
+@lru_cache(maxsize=256)  # a process that renders a spec again (`opgen tune`, opgen's own tests)
+def formatted(text: str) -> str:
+    """black's output for a rendered file."""
+    key = hashlib.sha256(
+        json.dumps([black.__version__, repr(BLACK_MODE), text]).encode("utf-8")
+    ).hexdigest()
+    directory = cache_dir() / "black"
+    entry = read_entry(directory, key)
+    if entry is not None and isinstance(entry.get("text"), str):
+        return entry["text"]
+    text = black.format_str(text, mode=BLACK_MODE)
+    try:
+        write_entry(directory, key, {"text": text})
+    except OSError:
+        pass  # a cache that cannot be written: the next process formats again
+    return text

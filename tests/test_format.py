@@ -1,0 +1,68 @@
+"""The format step: black's output, kept in the cache directory so that a new process (a rebuild
+with nothing changed) formats nothing it formatted before."""
+
+from __future__ import annotations
+
+import json
+
+import black
+import pytest
+
+from opgen.format import BLACK_MODE, formatted
+
+RENDERED = "def f( x ):\n  return {'a':x}\n"
+
+
+@pytest.fixture(autouse=True)
+def new_process():
+    """formatted() as a new process sees it: nothing kept in memory."""
+    formatted.cache_clear()
+    yield
+    formatted.cache_clear()
+
+
+def entries(cache):
+    return sorted((cache / "black").glob("*.json"))
+
+
+def test_output_is_blacks_and_is_kept(compile_cache):
+    out = formatted(RENDERED)
+    assert out == black.format_str(RENDERED, mode=BLACK_MODE) == 'def f(x):\n    return {"a": x}\n'
+    [entry] = entries(compile_cache)
+    assert json.loads(entry.read_text())["text"] == out
+
+
+def test_a_new_process_reads_the_kept_output(compile_cache):
+    formatted(RENDERED)
+    [entry] = entries(compile_cache)
+    # Another text under the same key: what a new process returns comes from the entry.
+    data = json.loads(entry.read_text())
+    entry.write_text(json.dumps({**data, "text": "kept\n"}))
+    formatted.cache_clear()
+    assert formatted(RENDERED) == "kept\n"
+
+
+@pytest.mark.parametrize("damage", ["{not json", "", json.dumps({"key": "other", "text": "x"}),
+                                    json.dumps(["a list"])],
+                         ids=["corrupt", "empty", "another key", "not an object"])
+def test_a_damaged_entry_is_formatted_again_and_replaced(compile_cache, damage):
+    formatted(RENDERED)
+    [entry] = entries(compile_cache)
+    entry.write_text(damage)
+    formatted.cache_clear()
+    assert formatted(RENDERED) == 'def f(x):\n    return {"a": x}\n'
+    assert json.loads(entry.read_text())["text"] == 'def f(x):\n    return {"a": x}\n'
+
+
+def test_an_unwritable_cache_formats_all_the_same(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path / "file/cache"))  # a directory under a file
+    assert formatted(RENDERED) == 'def f(x):\n    return {"a": x}\n'
+    formatted.cache_clear()
+    assert formatted(RENDERED) == 'def f(x):\n    return {"a": x}\n'
+
+
+def test_black_rejects_what_it_cannot_parse(compile_cache):
+    with pytest.raises(black.InvalidInput):
+        formatted("def f(:\n")
+    assert not entries(compile_cache)
