@@ -855,9 +855,9 @@ def attention_bwd(
                 T.gemm(dsT_shared, K_shared, dq, transpose_A=True)
                 if bulk_dq:
                     add_staged_dq(dq, dq_staged, dQ, tx, bz, h, k)
-                # Rows past seq_len belong to no query: only the tail block guards each atomic
-                # (a per-element guard on every block costs ~10% of the kernel).
                 elif k * block_n + block_n <= seq_len:
+                    # Rows past seq_len belong to no query: only the tail block (below) guards
+                    # each atomic (a per-element guard on every block costs ~10% of the kernel).
                     for i, j in T.Parallel(block_n, dim):
                         T.atomic_add(elem(dQ, bz, h, k * block_n + i, j), dq[i, j])
                 else:
