@@ -6,8 +6,10 @@
 # Session 27 ran session 26's list (runs 120-122) and the model steps (runs 123-124); session 28
 # got an H100 late (runs 125-126); session 29 one H200 call late (run 127); session 30 an H100
 # (runs 129-133); session 31 had no device time; session 32 an H100 (runs 134-140: the window-1024
-# entry, attention's D64 causal forward on four blocks an SM, bulk-dq again, the GPT-OSS step).
-# Left, in this order:
+# entry, attention's D64 causal forward on four blocks an SM, bulk-dq again, the GPT-OSS step);
+# session 33 had no device (loans paused). A tuned entry written by `opgen tune` now compiles only
+# the jobs of its new tiling in `opgen build` (the compile cache keys a job on the code its factory
+# reads, not on the tiling tables). Left, in this order:
 #   0. First, the attention packages' tests: session 32 landed bulk_dq (below) without device time
 #      left, so the template's kernels have not run since: the shipped kernels lower to the same
 #      CUDA as before (the unused one-element stage is dropped; checked on the CPU), but lse,
@@ -26,6 +28,10 @@
 #      `--phases fwd,bwd`).
 #   3. On the H200: `bash docs/profiling/next_gpu_run.sh bench attention attention_sink` (session
 #      32's numbers are an H100's; the status table's cuDNN ratios are the H200's of run 105).
+#   4. rmsnorm's training forward host time (1.73x eager, target 1.5x) with `rstd = "recompute"`:
+#      no rstd buffer to allocate or write in the forward, the backward sums x^2 over the row it
+#      loads anyway. Build a copy of specs/rmsnorm.toml with it, run its bench (host rows and the
+#      backward at every shape) beside the shipped one; switch the spec if the backward holds.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
