@@ -114,13 +114,16 @@ def job_key(kernels_py: str, job: CompileJob, tools: Toolchain) -> str:
 
 # --- what a job compiles from: its factory and the module code it reaches -------------------------
 
+# What a top-level statement that defines no name (an import, a call) binds: every job reaches it.
+EVERY_JOB = frozenset({"*"})
+
 
 @lru_cache(maxsize=32)  # a build asks once per compile job, with the same few texts
 def _statements(kernels_py: str) -> tuple[tuple[frozenset, frozenset, str], ...] | None:
     """kernels.py's top-level statements as (names each binds, names it reads, its code), comments
     and docstrings left out; a statement that binds nothing (an import, a top-level call, anything
-    but a plain definition or assignment) binds "*": every job reaches it. None when the text does
-    not parse."""
+    but a plain definition or assignment) binds EVERY_JOB: every job reaches it. None when the text
+    does not parse."""
     tree = bare_tree(kernels_py)
     if tree is None:
         return None
@@ -133,7 +136,7 @@ def _statements(kernels_py: str) -> tuple[tuple[frozenset, frozenset, str], ...]
                 isinstance(t, ast.Name) for t in _targets(node)):
             binds = frozenset(t.id for t in _targets(node))
         else:
-            binds = frozenset("*")
+            binds = EVERY_JOB
         parts.append((binds, reads - binds, ast.unparse(node)))
     return tuple(parts)
 
@@ -153,11 +156,11 @@ def reached_code(kernels_py: str, factory: str) -> str:
         return kernel_code(kernels_py)
     wanted, reached = {factory}, set()
     for binds, reads, _ in parts:
-        if "*" in binds:
+        if binds is EVERY_JOB:
             wanted |= reads
     while True:
         new = {i for i, (binds, _, _) in enumerate(parts)
-               if i not in reached and ("*" in binds or binds & wanted)}
+               if i not in reached and (binds is EVERY_JOB or binds & wanted)}
         if not new:
             break
         reached |= new

@@ -24,12 +24,18 @@ def formatted(text: str) -> str:
         json.dumps([black.__version__, repr(BLACK_MODE), text]).encode("utf-8")
     ).hexdigest()
     directory = cache_dir() / "black"
-    entry = read_entry(directory, key)
-    if entry is not None and isinstance(entry.get("text"), str):
-        return entry["text"]
-    text = black.format_str(text, mode=BLACK_MODE)
+    entry = read_entry(directory, key) or {}
+    kept = entry.get("text")
+    # The output's own hash is kept beside it: a damaged entry is formatted again, never used.
+    if isinstance(kept, str) and entry.get("sha256") == _sha256(kept):
+        return kept
+    out = black.format_str(text, mode=BLACK_MODE)
     try:
-        write_entry(directory, key, {"text": text})
+        write_entry(directory, key, {"text": out, "sha256": _sha256(out)})
     except OSError:
         pass  # a cache that cannot be written: the next process formats again
-    return text
+    return out
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -3,6 +3,7 @@ with nothing changed) formats nothing it formatted before."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import black
@@ -35,20 +36,26 @@ def test_output_is_blacks_and_is_kept(compile_cache):
 def test_a_new_process_reads_the_kept_output(compile_cache):
     formatted(RENDERED)
     [entry] = entries(compile_cache)
-    # Another text under the same key: what a new process returns comes from the entry.
+    # Another text under the same key (with its hash): what a new process returns is the entry's.
     data = json.loads(entry.read_text())
-    entry.write_text(json.dumps({**data, "text": "kept\n"}))
+    entry.write_text(json.dumps({**data, "text": "kept\n",
+                                 "sha256": hashlib.sha256(b"kept\n").hexdigest()}))
     formatted.cache_clear()
     assert formatted(RENDERED) == "kept\n"
 
 
-@pytest.mark.parametrize("damage", ["{not json", "", json.dumps({"key": "other", "text": "x"}),
-                                    json.dumps(["a list"])],
-                         ids=["corrupt", "empty", "another key", "not an object"])
+@pytest.mark.parametrize("damage", [
+    lambda data: "{not json",
+    lambda data: "",
+    lambda data: json.dumps({**data, "key": "other"}),
+    lambda data: json.dumps([data]),
+    lambda data: json.dumps({**data, "text": data["text"].replace("return", "retur")}),
+    lambda data: json.dumps({k: v for k, v in data.items() if k != "sha256"}),
+], ids=["corrupt", "empty", "another key", "not an object", "text changed", "no hash"])
 def test_a_damaged_entry_is_formatted_again_and_replaced(compile_cache, damage):
     formatted(RENDERED)
     [entry] = entries(compile_cache)
-    entry.write_text(damage)
+    entry.write_text(damage(json.loads(entry.read_text())))
     formatted.cache_clear()
     assert formatted(RENDERED) == 'def f(x):\n    return {"a": x}\n'
     assert json.loads(entry.read_text())["text"] == 'def f(x):\n    return {"a": x}\n'
