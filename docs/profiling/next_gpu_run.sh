@@ -10,7 +10,10 @@
 # session 33 had no device (loans paused). A tuned entry written by `opgen tune` now compiles only
 # the jobs of its new tiling in `opgen build` (the compile cache keys a job on the code its factory
 # reads, not on the tiling tables). Left, in this order:
-#   0. First, the attention packages' tests: session 32 landed bulk_dq (below) without device time
+#   0. First, the attention packages' tests (now after docs/profiling/prebuild_kernels.py has built
+#      every variant once into TileLang's cache, 16 processes: compare the pytest time with run
+#      139's 251 s for attention and attention_sink; PREBUILD=0 runs the old way). Session 32
+#      landed bulk_dq (below) without device time
 #      left, so the template's kernels have not run since: the shipped kernels lower to the same
 #      CUDA as before (the unused one-element stage is dropped; checked on the CPU), but lse,
 #      Delta and dQ now have rows padded to 16, not 8. `TESTS_TIMEOUT=400 bash
@@ -72,6 +75,13 @@ elif [ "$what" = tests ]; then
   pkgs=$(for p in "$@"; do
     if [ -d tests/golden/$p ] && [ ! -d generated/$p ]; then cp -r tests/golden/$p generated/$p; fi
     echo generated/$p; done)
+  # Every kernel variant built once into TileLang's cache first (16 processes), then loaded by the
+  # test workers: the same target in both (TileLang's cache key holds it). PREBUILD=0 skips it.
+  export TILELANG_DEFAULT_TARGET='{"kind": "cuda", "arch": "sm_90a"}'
+  if [ "${PREBUILD:-1}" = 1 ]; then
+    timeout ${PREBUILD_TIMEOUT:-240} python docs/profiling/prebuild_kernels.py "$@" >> $L 2>&1
+    echo "prebuild rc=$? at $(( $(date +%s) - start )) s" >> $L
+  fi
   timeout ${TESTS_TIMEOUT:-320} python -m pytest $pkgs -n ${TESTS_WORKERS:-15} -q -p no:cacheprovider -p no:benchmark -rf > /tmp/tests.log 2>&1
   echo "pytest rc=$? at $(( $(date +%s) - start )) s" >> $L
   grep -E "passed|failed|FAILED|ERROR" /tmp/tests.log | tail -40 >> $L
