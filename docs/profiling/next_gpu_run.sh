@@ -29,7 +29,7 @@
 #      num_stages = 1, blocks_per_sm = 4 }` with the marker clause `fwd on NVIDIA H100 80GB HBM3,
 #      2026-12-05`, build, then gqa's tests (or tune it again in item 1's gqa call with
 #      `--phases fwd,bwd`).
-#   3. On the H200: `bash docs/profiling/next_gpu_run.sh bench attention attention_sink` (session
+#   3. On the H200: `PREBUILD=1 bash docs/profiling/next_gpu_run.sh bench attention attention_sink` (session
 #      32's numbers are an H100's; the status table's cuDNN ratios are the H200's of run 105).
 #   4. rmsnorm's training forward host time (1.73x eager, target 1.5x) with `rstd = "recompute"`:
 #      no rstd buffer to allocate or write in the forward, the backward sums x^2 over the row it
@@ -61,6 +61,13 @@ export PYTHONPATH="$PYTHONPATH:$(pwd)/.prof/site"
 python -c "import opgen.templates" 2>/dev/null || ln -s ../templates opgen/templates
 L=${OUT:-.}/next_gpu_run.log
 start=$(date +%s)
+# One target for every mode's kernels: TileLang's cache key holds it, so the kernels prebuild
+# (below), the tests, the benches and opgen tune build are loaded by the others.
+export TILELANG_DEFAULT_TARGET='{"kind": "cuda", "arch": "sm_90a"}'
+prebuild() {
+  timeout ${PREBUILD_TIMEOUT:-240} python docs/profiling/prebuild_kernels.py "$@" >> $L 2>&1
+  echo "prebuild rc=$? at $(( $(date +%s) - start )) s" >> $L
+}
 if [ "$what" = tune ]; then
   for s in "$@"; do
     echo "=== [$(( $(date +%s) - start )) s] opgen tune specs/$s.toml -j 16 $TUNE_ARGS" >> $L
@@ -76,17 +83,15 @@ elif [ "$what" = tests ]; then
     if [ -d tests/golden/$p ] && [ ! -d generated/$p ]; then cp -r tests/golden/$p generated/$p; fi
     echo generated/$p; done)
   # Every kernel variant built once into TileLang's cache first (16 processes), then loaded by the
-  # test workers: the same target in both (TileLang's cache key holds it). PREBUILD=0 skips it.
-  export TILELANG_DEFAULT_TARGET='{"kind": "cuda", "arch": "sm_90a"}'
-  if [ "${PREBUILD:-1}" = 1 ]; then
-    timeout ${PREBUILD_TIMEOUT:-240} python docs/profiling/prebuild_kernels.py "$@" >> $L 2>&1
-    echo "prebuild rc=$? at $(( $(date +%s) - start )) s" >> $L
-  fi
+  # test workers. PREBUILD=0 skips it.
+  [ "${PREBUILD:-1}" = 1 ] && prebuild "$@"
   timeout ${TESTS_TIMEOUT:-320} python -m pytest $pkgs -n ${TESTS_WORKERS:-15} -q -p no:cacheprovider -p no:benchmark -rf > /tmp/tests.log 2>&1
   echo "pytest rc=$? at $(( $(date +%s) - start )) s" >> $L
   grep -E "passed|failed|FAILED|ERROR" /tmp/tests.log | tail -40 >> $L
   gzip -c /tmp/tests.log > ${OUT:-.}/next_gpu_run-pytest.log.gz
 elif [ "$what" = bench ]; then
+  # PREBUILD=1 for a bench call that no tests call of the same packages came before.
+  [ "${PREBUILD:-0}" = 1 ] && prebuild "$@"
   for p in "$@"; do
     timeout 150 python -m generated.$p.bench_$p --json ${OUT:-.}/bench-$p.json >> $L 2>&1
   done
