@@ -1,6 +1,6 @@
 """Where opgen keeps what it can work out again (compile-check results, black's output), and how
 an entry is stored: one small JSON file per key, written atomically, so a reader never sees half
-an entry and any entry may be deleted at any time."""
+an entry and any entry may be deleted at any time (trim() deletes the least recently used)."""
 
 from __future__ import annotations
 
@@ -41,3 +41,31 @@ def write_entry(directory: Path, key: str, data: dict) -> None:
     finally:
         if tmp:
             Path(tmp).unlink(missing_ok=True)
+
+
+def touch(directory: Path, key: str) -> None:
+    """Mark key's entry as just used (its mtime), for trim()."""
+    try:
+        os.utime(directory / f"{key}.json")
+    except OSError:
+        pass
+
+
+def trim(directory: Path, keep: int) -> None:
+    """Delete the least recently used entries (by mtime: written or touched) beyond keep, down to
+    three quarters of it, so that trimming is rare; entries that vanish meanwhile are skipped."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    entries = [e for e in entries if e.name.endswith(".json")]
+    if len(entries) <= keep:
+        return
+    used = {}
+    for entry in entries:
+        try:
+            used[entry.path] = entry.stat().st_mtime
+        except OSError:
+            pass
+    for path in sorted(used, key=used.get)[: len(used) - keep * 3 // 4]:
+        Path(path).unlink(missing_ok=True)

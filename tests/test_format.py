@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import black
 import pytest
 
+from opgen import format as format_step
 from opgen.format import BLACK_MODE, formatted
 
 RENDERED = "def f( x ):\n  return {'a':x}\n"
@@ -16,10 +18,12 @@ RENDERED = "def f( x ):\n  return {'a':x}\n"
 
 @pytest.fixture(autouse=True)
 def new_process():
-    """formatted() as a new process sees it: nothing kept in memory."""
+    """formatted() as a new process sees it: nothing kept in memory, no trim done yet."""
     formatted.cache_clear()
+    format_step._trim_once.cache_clear()
     yield
     formatted.cache_clear()
+    format_step._trim_once.cache_clear()
 
 
 def entries(cache):
@@ -73,3 +77,24 @@ def test_black_rejects_what_it_cannot_parse(compile_cache):
     with pytest.raises(black.InvalidInput):
         formatted("def f(:\n")
     assert not entries(compile_cache)
+
+
+def test_the_least_recently_used_entries_go_past_keep(compile_cache, monkeypatch):
+    """Past KEEP entries, a process's first write deletes the least recently used (by mtime:
+    written or read) down to three quarters of KEEP; an entry read is marked used."""
+    monkeypatch.setattr(format_step, "KEEP", 8)
+    directory = compile_cache / "black"
+    directory.mkdir()
+    old = [directory / f"{i:064x}.json" for i in range(10)]
+    for i, path in enumerate(old):
+        path.write_text("{}")
+        os.utime(path, (1000 + i, 1000 + i))
+    formatted(RENDERED)
+    kept = entries(compile_cache)
+    assert len(kept) == 6
+    assert set(old[5:]) < set(kept)  # the new entry and the five most recent old ones
+    [new] = set(kept) - set(old)
+    os.utime(new, (500, 500))
+    formatted.cache_clear()
+    assert formatted(RENDERED) == 'def f(x):\n    return {"a": x}\n'
+    assert new.stat().st_mtime > 10**9  # read: marked used now
