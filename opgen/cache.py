@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 
 
@@ -69,3 +70,9 @@ def trim(directory: Path, keep: int) -> None:
             pass
     for path in sorted(used, key=used.get)[: len(used) - keep * 3 // 4]:
         Path(path).unlink(missing_ok=True)
+
+
+@lru_cache(maxsize=None)  # once per process and directory: a build writes dozens of entries
+def trim_once(directory: Path, keep: int) -> None:
+    """trim(directory, keep), the first time a process asks."""
+    trim(directory, keep)

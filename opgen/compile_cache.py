@@ -7,7 +7,8 @@ code the factory reads, without comments and docstrings; a tiling table only the
 not part of it), the job (factory, arguments, tiling), the check's own rules (the shared-memory
 limit, CHECK_VERSION) and the toolchain (tilelang, nvcc, target). Only passes are stored: a
 failure compiles again, so its error is shown. A missing, unreadable or corrupt entry is a miss; a
-cache that cannot be written is used read-only after one warning, never a failed build.
+cache that cannot be written is used read-only after one warning, never a failed build. The KEEP
+most recently used entries stay.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterable
 
-from opgen.cache import cache_dir, read_entry, write_entry
+from opgen.cache import cache_dir, read_entry, touch, trim_once, write_entry
 from opgen.compile import TARGET, CompileResult
 from opgen.plan import SM90_SMEM_LIMIT, CompileJob
 from opgen.render import bare_tree, kernel_code
@@ -33,6 +34,9 @@ from opgen.render import bare_tree, kernel_code
 # Bump when compile_one's verdict changes meaning (what it reads from a kernel, what it refuses):
 # entries written under the old rules then miss.
 CHECK_VERSION = 1
+# Entries kept (the least recently used go first; ~300 bytes each): every kernel of every spec
+# here is ~370, so this holds well over a hundred edits of each.
+KEEP = 65536
 
 
 @dataclass(frozen=True)
@@ -183,10 +187,12 @@ class ResultCache:
         try:
             if data is None or data["ok"] is not True:
                 return None
-            return CompileResult(spec, label, True, float(data["seconds"]),
-                                 int(data["smem_bytes"]), int(data["threads"]), source="cache")
+            result = CompileResult(spec, label, True, float(data["seconds"]),
+                                   int(data["smem_bytes"]), int(data["threads"]), source="cache")
         except (ValueError, TypeError, KeyError):
             return None
+        touch(self.directory, key)
+        return result
 
     def put(self, key: str, result: CompileResult, tools: Toolchain) -> None:
         """Store a passing result (failures are not stored); atomically, so a reader never sees
@@ -202,3 +208,5 @@ class ResultCache:
             self._writable = False
             self._warn(f"warning: the compile cache {self.directory} cannot be written "
                        f"({exc.strerror or exc}); results of this build are not cached")
+            return
+        trim_once(self.directory, KEEP)

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from opgen.compile import TARGET, CompileResult
-from opgen.cache import cache_dir
+from opgen import compile_cache as result_cache
+from opgen.cache import cache_dir, trim_once
 from opgen.compile_cache import ResultCache, Toolchain, check_record, job_key, toolchain
 from opgen.manifest import ManifestError, parse_manifest
 from opgen.output import recorded_compile_check, write
@@ -271,6 +272,29 @@ def test_entry_round_trip(tmp_path):
     data = json.loads((tmp_path / "compile" / f"{key}.json").read_text())
     assert data["versions"] == TOOLS.record()
     assert [p.name for p in (tmp_path / "compile").iterdir()] == [f"{key}.json"], "no temp file left"
+
+
+def test_the_least_recently_used_entries_go_past_keep(tmp_path, monkeypatch):
+    """Past KEEP entries, a process's first write deletes the least recently used (by mtime:
+    written or read) down to three quarters of KEEP; a hit marks its entry used."""
+    monkeypatch.setattr(result_cache, "KEEP", 8)
+    trim_once.cache_clear()
+    directory = tmp_path / "compile"
+    directory.mkdir()
+    old = [directory / f"{i:064x}.json" for i in range(10)]
+    for i, path in enumerate(old):
+        path.write_text("{}")
+        os.utime(path, (1000 + i, 1000 + i))
+    cache = ResultCache(tmp_path)
+    key = job_key(KERNELS, JOB, TOOLS)
+    cache.put(key, PASSED, TOOLS)
+    kept = sorted(directory.glob("*.json"))
+    assert len(kept) == 6
+    assert set(old[5:]) | {directory / f"{key}.json"} == set(kept)
+    os.utime(directory / f"{key}.json", (500, 500))
+    assert cache.get(key, "specs/tiny.toml", JOB.label) is not None
+    assert (directory / f"{key}.json").stat().st_mtime > 10**9  # a hit: marked used now
+    trim_once.cache_clear()
 
 
 def test_failures_are_not_stored(tmp_path):

@@ -11,6 +11,7 @@ import black
 import pytest
 
 from opgen import format as format_step
+from opgen.cache import trim_once
 from opgen.format import BLACK_MODE, formatted
 
 RENDERED = "def f( x ):\n  return {'a':x}\n"
@@ -20,10 +21,10 @@ RENDERED = "def f( x ):\n  return {'a':x}\n"
 def new_process():
     """formatted() as a new process sees it: nothing kept in memory, no trim done yet."""
     formatted.cache_clear()
-    format_step._trim_once.cache_clear()
+    trim_once.cache_clear()
     yield
     formatted.cache_clear()
-    format_step._trim_once.cache_clear()
+    trim_once.cache_clear()
 
 
 def entries(cache):
