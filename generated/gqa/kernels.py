@@ -268,10 +268,10 @@ def _dq_layout(layout, dQ, bulk_dq):
 def _bwd_layouts(layout, dQ, dq_staged, bulk_dq):
     """The bwd kernel's layout annotations: dQ's, and with bulk_dq the staged tile's (swizzled as
     dQ's tiles, so that a tile is copied as it lies)."""
+    layouts = {dQ: _dq_layout(layout, dQ, bulk_dq)}
     if bulk_dq:
-        staged = T.Layout(dq_staged.shape, lambda i, j: [i, _swizzled(i, j)])
-        return {dQ: _dq_layout(layout, dQ, bulk_dq), dq_staged: staged}
-    return {dQ: _dq_layout(layout, dQ, bulk_dq)}
+        layouts[dq_staged] = T.Layout(dq_staged.shape, lambda i, j: [i, _swizzled(i, j)])
+    return layouts
 
 
 @T.macro
