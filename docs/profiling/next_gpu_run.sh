@@ -7,7 +7,8 @@
 # got an H100 late (runs 125-126); session 29 one H200 call late (run 127); session 30 an H100
 # (runs 129-133); session 31 had no device time; session 32 an H100 (runs 134-140: the window-1024
 # entry, attention's D64 causal forward on four blocks an SM, bulk-dq again, the GPT-OSS step);
-# session 33 had no device (loans paused). A tuned entry written by `opgen tune` now compiles only
+# session 33 had no device (loans paused); session 34 none either (every start failed: 20 minutes
+# of the 30 went on failed starts, so ask at most once every ten minutes). A tuned entry written by `opgen tune` now compiles only
 # the jobs of its new tiling in `opgen build` (the compile cache keys a job on the code its factory
 # reads, not on the tiling tables). Left, in this order:
 #   0. First, the attention packages' tests (now after docs/profiling/prebuild_kernels.py has built
@@ -33,8 +34,11 @@
 #      32's numbers are an H100's; the status table's cuDNN ratios are the H200's of run 105).
 #   4. rmsnorm's training forward host time (1.73x eager, target 1.5x) with `rstd = "recompute"`:
 #      no rstd buffer to allocate or write in the forward, the backward sums x^2 over the row it
-#      loads anyway. Build a copy of specs/rmsnorm.toml with it, run its bench (host rows and the
-#      backward at every shape) beside the shipped one; switch the spec if the backward holds.
+#      loads anyway (in the pass that sums w * dy * x). Build a copy of specs/rmsnorm.toml with
+#      `name = "rmsnorm_recompute"` and `rstd = "recompute"` (`opgen build` it; untracked, it
+#      travels), then `python docs/profiling/rmsnorm_fwd_host_probe.py` (every layer of the
+#      training forward beside eager's) and `bash docs/profiling/next_gpu_run.sh bench
+#      rmsnorm_recompute rmsnorm`; switch the spec if the backward holds.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
