@@ -165,6 +165,16 @@ def run_opgen():
     return run
 
 
+def old_cache_entries(directory: Path, count: int) -> list[Path]:
+    """count entries in a cache directory (made here), used long ago, the first least recently."""
+    directory.mkdir(parents=True)
+    paths = [directory / f"{i:064x}.json" for i in range(count)]
+    for i, path in enumerate(paths):
+        path.write_text("{}")
+        os.utime(path, (1000 + i, 1000 + i))
+    return paths
+
+
 # --- spec helpers shared by the family test modules ------------------------------------------------
 
 

@@ -27,7 +27,7 @@ from opgen.output import recorded_compile_check, write
 from opgen.plan import CompileJob
 from opgen.render import generate, kernel_code, without_header
 
-from conftest import REPO_ROOT, opgen_command
+from conftest import REPO_ROOT, old_cache_entries, opgen_command
 
 # 6 compile jobs (fwd and bwd, sigmoid saved or recomputed, at a test shape and at the bench
 # shape): the cheapest family, about 7 s of compiling on 2 cores.
@@ -280,11 +280,7 @@ def test_the_least_recently_used_entries_go_past_keep(tmp_path, monkeypatch):
     monkeypatch.setattr(result_cache, "KEEP", 8)
     trim_once.cache_clear()
     directory = tmp_path / "compile"
-    directory.mkdir()
-    old = [directory / f"{i:064x}.json" for i in range(10)]
-    for i, path in enumerate(old):
-        path.write_text("{}")
-        os.utime(path, (1000 + i, 1000 + i))
+    old = old_cache_entries(directory, 10)
     cache = ResultCache(tmp_path)
     key = job_key(KERNELS, JOB, TOOLS)
     cache.put(key, PASSED, TOOLS)

@@ -14,6 +14,8 @@ from opgen import format as format_step
 from opgen.cache import trim_once
 from opgen.format import BLACK_MODE, formatted
 
+from conftest import old_cache_entries
+
 RENDERED = "def f( x ):\n  return {'a':x}\n"
 
 
@@ -84,12 +86,7 @@ def test_the_least_recently_used_entries_go_past_keep(compile_cache, monkeypatch
     """Past KEEP entries, a process's first write deletes the least recently used (by mtime:
     written or read) down to three quarters of KEEP; an entry read is marked used."""
     monkeypatch.setattr(format_step, "KEEP", 8)
-    directory = compile_cache / "black"
-    directory.mkdir()
-    old = [directory / f"{i:064x}.json" for i in range(10)]
-    for i, path in enumerate(old):
-        path.write_text("{}")
-        os.utime(path, (1000 + i, 1000 + i))
+    old = old_cache_entries(compile_cache / "black", 10)
     formatted(RENDERED)
     kept = entries(compile_cache)
     assert len(kept) == 6
