@@ -52,9 +52,11 @@ def touch(directory: Path, key: str) -> None:
         pass
 
 
+@lru_cache(maxsize=None)  # once per process and directory: a build writes dozens of entries
 def trim(directory: Path, keep: int) -> None:
     """Delete the least recently used entries (by mtime: written or touched) beyond keep, down to
-    three quarters of it, so that trimming is rare; entries that vanish meanwhile are skipped."""
+    three quarters of it, so that trimming is rare; entries that vanish meanwhile are skipped.
+    Done the first time a process asks."""
     try:
         entries = list(os.scandir(directory))
     except OSError:
@@ -70,9 +72,3 @@ def trim(directory: Path, keep: int) -> None:
             pass
     for path in sorted(used, key=used.get)[: len(used) - keep * 3 // 4]:
         Path(path).unlink(missing_ok=True)
-
-
-@lru_cache(maxsize=None)  # once per process and directory: a build writes dozens of entries
-def trim_once(directory: Path, keep: int) -> None:
-    """trim(directory, keep), the first time a process asks."""
-    trim(directory, keep)

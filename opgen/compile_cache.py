@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterable
 
-from opgen.cache import cache_dir, read_entry, touch, trim_once, write_entry
+from opgen.cache import cache_dir, read_entry, touch, trim, write_entry
 from opgen.compile import TARGET, CompileResult
 from opgen.plan import SM90_SMEM_LIMIT, CompileJob
 from opgen.render import bare_tree, kernel_code
@@ -209,4 +209,4 @@ class ResultCache:
             self._warn(f"warning: the compile cache {self.directory} cannot be written "
                        f"({exc.strerror or exc}); results of this build are not cached")
             return
-        trim_once(self.directory, KEEP)
+        trim(self.directory, KEEP)

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import black
 
-from opgen.cache import cache_dir, read_entry, touch, trim_once, write_entry
+from opgen.cache import cache_dir, read_entry, touch, trim, write_entry
 
 BLACK_MODE = black.Mode(line_length=100)
 # Entries kept (the least recently used go first): a spec edit gives each of its files a new
@@ -39,7 +39,7 @@ def formatted(text: str) -> str:
         write_entry(directory, key, {"text": out, "sha256": _sha256(out)})
     except OSError:
         return out  # a cache that cannot be written: the next process formats again
-    trim_once(directory, KEEP)
+    trim(directory, KEEP)
     return out
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from opgen.compile import TARGET, CompileResult
 from opgen import compile_cache as result_cache
-from opgen.cache import cache_dir, trim_once
+from opgen.cache import cache_dir, trim
 from opgen.compile_cache import ResultCache, Toolchain, check_record, job_key, toolchain
 from opgen.manifest import ManifestError, parse_manifest
 from opgen.output import recorded_compile_check, write
@@ -278,7 +278,7 @@ def test_the_least_recently_used_entries_go_past_keep(tmp_path, monkeypatch):
     """Past KEEP entries, a process's first write deletes the least recently used (by mtime:
     written or read) down to three quarters of KEEP; a hit marks its entry used."""
     monkeypatch.setattr(result_cache, "KEEP", 8)
-    trim_once.cache_clear()
+    trim.cache_clear()
     directory = tmp_path / "compile"
     old = old_cache_entries(directory, 10)
     cache = ResultCache(tmp_path)
@@ -290,7 +290,7 @@ def test_the_least_recently_used_entries_go_past_keep(tmp_path, monkeypatch):
     os.utime(directory / f"{key}.json", (500, 500))
     assert cache.get(key, "specs/tiny.toml", JOB.label) is not None
     assert (directory / f"{key}.json").stat().st_mtime > 10**9  # a hit: marked used now
-    trim_once.cache_clear()
+    trim.cache_clear()
 
 
 def test_failures_are_not_stored(tmp_path):

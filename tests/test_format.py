@@ -11,7 +11,7 @@ import black
 import pytest
 
 from opgen import format as format_step
-from opgen.cache import trim_once
+from opgen.cache import trim
 from opgen.format import BLACK_MODE, formatted
 
 from conftest import old_cache_entries
@@ -23,10 +23,10 @@ RENDERED = "def f( x ):\n  return {'a':x}\n"
 def new_process():
     """formatted() as a new process sees it: nothing kept in memory, no trim done yet."""
     formatted.cache_clear()
-    trim_once.cache_clear()
+    trim.cache_clear()
     yield
     formatted.cache_clear()
-    trim_once.cache_clear()
+    trim.cache_clear()
 
 
 def entries(cache):

@@ -7,10 +7,10 @@
 # got an H100 late (runs 125-126); session 29 one H200 call late (run 127); session 30 an H100
 # (runs 129-133); session 31 had no device time; session 32 an H100 (runs 134-140: the window-1024
 # entry, attention's D64 causal forward on four blocks an SM, bulk-dq again, the GPT-OSS step);
-# session 33 had no device (loans paused); session 34 none either (every start failed: 20 minutes
-# of the 30 went on failed starts, so ask at most once every ten minutes). A tuned entry written by `opgen tune` now compiles only
-# the jobs of its new tiling in `opgen build` (the compile cache keys a job on the code its factory
-# reads, not on the tiling tables). Left, in this order:
+# session 33 had no device (loans paused); session 34 none either (every start failed: ~25 of
+# the 30 minutes went on failed starts and refusals, so ask at most once every ten minutes). A
+# tuned entry written by `opgen tune` now compiles only the jobs of its new tiling in `opgen build`
+# (the compile cache keys a job on the code its factory reads, not on the tiling tables). Left, in this order:
 #   0. First, the attention packages' tests (now after docs/profiling/prebuild_kernels.py has built
 #      every variant once into TileLang's cache, 16 processes: compare the pytest time with run
 #      139's 251 s for attention and attention_sink; PREBUILD=0 runs the old way). Session 32
