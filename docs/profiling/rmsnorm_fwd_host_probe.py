@@ -26,6 +26,7 @@ x = torch.randn(8, 1024, device="cuda", dtype=dt, requires_grad=True)
 w = torch.randn(1024, device="cuda", dtype=dt, requires_grad=True)
 xd, wd = x.detach(), w.detach()
 plan = ra.call_plan(xd, wd, True)
+plan_no_save = ra.call_plan(xd, wd, False)
 y, rstd = torch.empty_like(xd), torch.empty(8, dtype=torch.float32, device="cuda")
 fwd_args = (ra.live(x), ra.live(w), True, "atomic")
 
@@ -48,7 +49,7 @@ rows = {
     "EAGER_APPLY alone": lambda: ra.EAGER_APPLY(*fwd_args),
     "EagerFunction.forward, no apply": lambda: ra.EagerFunction.forward(ctx, *fwd_args),
     "run_forward(save) with its plan": lambda: ra.run_forward(xd, wd, True, plan),
-    "run_forward(no save) with its plan": lambda: ra.run_forward(xd, wd, False, plan),
+    "run_forward(no save) with its plan": lambda: ra.run_forward(xd, wd, False, plan_no_save),
     "fwd entry point alone": lambda: plan.fwd(xd, wd, y, rstd),
     "null Function apply (fwd only)": lambda: NullFunction.apply(x, w),
     "torch.empty_like(x)": lambda: torch.empty_like(xd),
