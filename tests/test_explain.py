@@ -132,4 +132,24 @@ def test_the_packages_hold_the_launch_rules_explain_uses():
     for name in ("attention", "gqa", "attention_sink"):
         kernels = (REPO_ROOT / "generated" / name / "kernels.py").read_text()
         assert launch_code("paired causal forward") in kernels
+        assert launch_code("backward grid") in kernels
         assert (launch_code("short windows") in kernels) == (name == "attention_sink")
+
+
+def test_causal_backward_grid_runs_heads_fastest():
+    """The backward grid, as `opgen explain` shows it and the kernel launches it: causal, heads
+    fastest (every head's first key block, the longest, launches first); full, key blocks fastest
+    (the blocks running at once share a few heads' data in L2). In_block dK/dV: one block per KV
+    head."""
+    from opgen.families import attention
+    from opgen.render import load_plan
+
+    plan, _ = load_plan(REPO_ROOT / "specs/gqa.toml")
+    grids = {}
+    for causal in (True, False):
+        shape = dict(batch=2, heads=32, kv_heads=8, seq_len=4096, head_dim=128, causal=causal)
+        rows = dict(attention.explain(plan, shape))["kernels"]
+        row = next(row for row in rows if row[0].endswith("_bwd"))
+        grids[causal] = row[2].rsplit(" = ", 1)[1]
+    key_blocks = 4096 // plan.tiling_for("bwd", 128, True, None)["block_m"]
+    assert grids == {True: f"(8, {key_blocks}, 2)", False: f"({key_blocks}, 8, 2)"}

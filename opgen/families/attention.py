@@ -15,9 +15,10 @@ from typing import Annotated, Any, Callable, Iterator, Literal
 from pydantic import AfterValidator, Field, StrictBool
 
 from opgen.families import attention_launch
-from opgen.families.attention_launch import (DQ_TILE, has_paired_forward, heads_per_block,
-                                              padded_rows, paired_tiling, pairs_query_blocks,
-                                              postprocess_tiling, tuned_tiling, walks_heads)
+from opgen.families.attention_launch import (DQ_TILE, bwd_grid, has_paired_forward,
+                                              heads_per_block, padded_rows, paired_tiling,
+                                              pairs_query_blocks, postprocess_tiling, tuned_tiling,
+                                              walks_heads)
 from opgen.families.contract import Family
 from opgen.plan import (DTYPE_BYTES, CompileJob, FlopsBenchCase, GradPlan, PlanBase, SourceInfo,
                         Sweep, Table, base_fields, ceildiv, explain_tables,
@@ -672,6 +673,7 @@ class Plan(PlanBase):
     tiling_exprs: dict[str, str]
     tuned_tiling_code: str
     dq_accumulator_code: str
+    bwd_grid_code: str
 
     def tiling_for(self, key: str, head_dim: int, causal: bool,
                    window: int | None = None) -> dict[str, int]:
@@ -744,7 +746,8 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
                       f"dQ by fp32 atomics (bulk_dq: {DQ_TILE}-row tiles staged in shared memory, "
                       "added by bulk reduce-adds); dK, dV per query head, written, split or atomically added, "
                       "or per KV head summed over its group in the block (in_block)",
-                      "(ceildiv(seq_len, block_m), heads (kv_heads with in_block dK/dV), batch)",
+                      "(ceildiv(seq_len, block_m), heads (kv_heads with in_block dK/dV), batch); causal: "
+                      "the first two swapped (heads fastest: the longest blocks launch first)",
                       t.bwd, None),
         "postprocess": kernel("postprocess", "bwd_postprocess", "bwd_postprocess",
                               "cast the fp32 dQ accumulator (laid out as the bwd kernel wrote it: by "
@@ -864,6 +867,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         tiling_exprs=tiling_exprs,
         tuned_tiling_code=launch_code("tuned tilings"),
         dq_accumulator_code=launch_code("dq accumulator"),
+        bwd_grid_code=launch_code("backward grid"),
         bench_unit="TFLOP/s",
         sweep=Sweep("seq_len", "sequence length", SEQ_LEN_SWEEP, tuple(
             bench_case(first.model_copy(update={"seq_len": n})) for n in SEQ_LEN_SWEEP)),
@@ -993,7 +997,7 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     grids = {
         "fwd": (ceildiv(fwd_blocks, 2) if paired else fwd_blocks, h // walked, b),
         "preprocess": (blocks("preprocess"), h, b),
-        "bwd": (blocks("bwd"), kv if groups > 1 and p.dk_reduction == "in_block" else h, b),
+        "bwd": (*bwd_grid(causal, blocks("bwd"), kv if groups > 1 and p.dk_reduction == "in_block" else h), b),
         # Grouped KV heads: kv more blocks finish dK and dV, unless the bwd kernel wrote them.
         "postprocess": (blocks("postprocess"),
                         h + kv if groups > 1 and p.dk_reduction != "in_block" else h, b),

@@ -47,6 +47,27 @@ def postprocess_tiling(tiling, bulk_dq):
 # <<<
 
 
+# >>> backward grid
+def bwd_grid(causal, key_blocks, head_blocks):
+    """The backward kernel's grid dims x and y (z is the batch). Blocks launch in grid order, x
+    fastest. Causal: heads fastest, so that every head's key block 0 (which every query sees)
+    launches before any head's block 1, and so on: the longest blocks first, the last wave the
+    shortest. With key blocks fastest a head's longest block launches only after every block of
+    the heads before it, so the launch ends with long blocks on a few SMs (B2, 32 query / 8 KV
+    heads, S4096, D128, causal, on an H200: 2.08 ms against 1.77). Otherwise key blocks fastest:
+    the blocks running at once share a few heads' Q, dO and dQ in L2 (B4 H16 S4096 D128: an L2
+    hit rate of 94% against 82%, a third of the DRAM traffic)."""
+    return (head_blocks, key_blocks) if causal else (key_blocks, head_blocks)
+
+
+def bwd_block(causal, launch_x, launch_y):
+    """(key block, head or KV head) of the backward block at grid index (launch_x, launch_y)."""
+    return (launch_y, launch_x) if causal else (launch_x, launch_y)
+
+
+# <<<
+
+
 # >>> paired causal forward
 # Causal forward grids of at most this many query blocks pair them (pairs_query_blocks).
 PAIRED_MAX_QUERY_BLOCKS = 16
