@@ -7,38 +7,22 @@
 # got an H100 late (runs 125-126); session 29 one H200 call late (run 127); session 30 an H100
 # (runs 129-133); session 31 had no device time; session 32 an H100 (runs 134-140: the window-1024
 # entry, attention's D64 causal forward on four blocks an SM, bulk-dq again, the GPT-OSS step);
-# session 33 had no device (loans paused); session 34 none either (every start failed: ~25 of
-# the 30 minutes went on failed starts and refusals, so ask at most once every ten minutes). A
-# tuned entry written by `opgen tune` now compiles only the jobs of its new tiling in `opgen build`
-# (the compile cache keys a job on the code its factory reads, not on the tiling tables). Left, in this order:
-#   0. First, the attention packages' tests (now after docs/profiling/prebuild_kernels.py has built
-#      every variant once into TileLang's cache, 16 processes: compare the pytest time with run
-#      139's 251 s for attention and attention_sink; PREBUILD=0 runs the old way). Session 32
-#      landed bulk_dq (below) without device time
-#      left, so the template's kernels have not run since: the shipped kernels lower to the same
-#      CUDA as before (the unused one-element stage is dropped; checked on the CPU), but lse,
-#      Delta and dQ now have rows padded to 16, not 8. `TESTS_TIMEOUT=400 bash
-#      docs/profiling/next_gpu_run.sh tests attention attention_sink gqa attention_tuned
-#      attention_recompute` (attention_tuned's D64 full backward runs bulk_dq).
-#   1. bulk_dq (5-6% at D64, nothing at D128 in runs 126, 136 as bwd_ablations' text edit) is a
-#      bwd tiling key now, and `opgen tune` tries it: `TUNE_ARGS="--head-dims 64 --phases bwd"
-#      bash docs/profiling/next_gpu_run.sh tune attention gqa`, then `TUNE_ARGS="--windows 128
-#      --phases bwd" bash docs/profiling/next_gpu_run.sh tune attention_sink`; build, their tests
-#      and benches.
-#   2. gqa's D64 causal forward on four blocks an SM (run 140: 1.08x): in specs/gqa.toml's
-#      `head_dim = 64, causal = true` entry set `fwd = { block_m = 64, block_n = 64, threads = 128,
-#      num_stages = 1, blocks_per_sm = 4 }` with the marker clause `fwd on NVIDIA H100 80GB HBM3,
-#      2026-12-05`, build, then gqa's tests (or tune it again in item 1's gqa call with
-#      `--phases fwd,bwd`).
-#   3. On the H200: `PREBUILD=1 bash docs/profiling/next_gpu_run.sh bench attention attention_sink` (session
-#      32's numbers are an H100's; the status table's cuDNN ratios are the H200's of run 105).
-#   4. rmsnorm's training forward host time (1.73x eager, target 1.5x) with `rstd = "recompute"`:
-#      no rstd buffer to allocate or write in the forward, the backward sums x^2 over the row it
-#      loads anyway (in the pass that sums w * dy * x). Build a copy of specs/rmsnorm.toml with
-#      `name = "rmsnorm_recompute"` and `rstd = "recompute"` (`opgen build` it; untracked, it
-#      travels), then `python docs/profiling/rmsnorm_fwd_host_probe.py` (every layer of the
-#      training forward beside eager's) and `bash docs/profiling/next_gpu_run.sh bench
-#      rmsnorm_recompute rmsnorm`; switch the spec if the backward holds.
+# session 33 had no device (loans paused); session 34 none either (every start failed); session
+# 35 an H100 for eight calls (runs 141-147: the attention tests with bulk_dq, the D64 bwd tunes,
+# rmsnorm's recompute and forward probe), then no start again. Left, in this order:
+#   0. The backward's causal grid, heads fastest (3c54139, not yet run on a GPU): gqa's bench
+#      beside generated/gqa_base (the package as c1f52fd rendered it: key blocks fastest; make it
+#      with `mkdir generated/gqa_base && for f in $(git ls-tree --name-only c1f52fd generated/gqa/);
+#      do git show c1f52fd:$f > generated/gqa_base/$(basename $f); done`), A B A B in one call:
+#      `for p in gqa_base gqa gqa_base gqa; do python -m generated.$p.bench_gqa; done`, then
+#      `bash docs/profiling/next_gpu_run.sh tests gqa attention attention_sink` and their benches
+#      (the model predicts the GQA causal backward ~15% faster, MHA causal ~5%).
+#   1. The same rule for the causal forward (query blocks fastest, longest first within a head):
+#      a list-scheduling model gives 1.07x the ideal makespan at B4 H16 S4096 block_m 128 against
+#      1.01x with heads fastest, but heads fastest streams every head's K/V at once (L2): measure
+#      it, a copy of the attention package with the fwd kernel's grid swapped, beside attention.
+#   2. On the H200: `PREBUILD=1 bash docs/profiling/next_gpu_run.sh bench attention attention_sink
+#      gqa` (the status table's cuDNN ratios are the H200's of run 105).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
