@@ -210,3 +210,20 @@ def test_code_without_comments_and_docstrings_lowers_to_the_same_cuda(tmp_path):
     args = (32, 8, 64, True, 128, "bshd", "bfloat16", 0.125)
     tiling = {"block_m": 64, "block_n": 64, "threads": 128, "num_stages": 2}
     assert lower(bare.attention_sink_fwd, args, tiling) == lower(sink.attention_sink_fwd, args, tiling)
+
+
+def test_causal_backward_launches_heads_fastest():
+    """The backward block's key block and head from the grid (attention_launch.bwd_grid): causal,
+    the head is blockIdx.x and the key block blockIdx.y, so every head's key block 0 (the longest)
+    launches first; full, the other way round (key blocks fastest, for L2). The kernel is the same
+    code either way but for the two indices."""
+    gqa = import_generated("gqa", "kernels")
+    tiling = {"block_m": 64, "block_n": 64, "threads": 128, "num_stages": 1}
+    k_load = re.compile(r"tma_load\(K_desc, [^;]*?\(\(\(int\)blockIdx\.(\w)\) \* 64\), \(\(int\)blockIdx\.(\w)\)")
+    found = {}
+    for causal in (True, False):
+        args = (32, 8, 64, causal, 0, "bshd", "bfloat16", 0.125, "in_block", "in_block")
+        found[causal] = k_load.findall(lower(gqa.gqa_bwd, args, tiling))
+    # (the key block's index, the KV head's index) of each of K's tile loads
+    assert found[True] and set(found[True]) == {("y", "x")}, found[True]
+    assert found[False] and set(found[False]) == {("x", "y")}, found[False]
