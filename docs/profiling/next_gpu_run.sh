@@ -20,7 +20,10 @@
 #   1. The same rule for the causal forward (query blocks fastest, longest first within a head):
 #      a list-scheduling model gives 1.07x the ideal makespan at B4 H16 S4096 block_m 128 against
 #      1.01x with heads fastest, but heads fastest streams every head's K/V at once (L2): measure
-#      it, a copy of the attention package with the fwd kernel's grid swapped, beside attention.
+#      it: `python docs/profiling/fwd_grid_probe.py attention` (here; writes the untracked copy
+      generated/attention_fwd_heads_fastest), then on the GPU `for p in attention
+      attention_fwd_heads_fastest attention attention_fwd_heads_fastest; do python -m
+      generated.$p.bench_attention; done` (the same for gqa), and compare the causal rows.
 #   2. On the H200: `PREBUILD=1 bash docs/profiling/next_gpu_run.sh bench attention attention_sink
 #      gqa` (the status table's cuDNN ratios are the H200's of run 105).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
