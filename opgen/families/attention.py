@@ -997,7 +997,8 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     grids = {
         "fwd": (ceildiv(fwd_blocks, 2) if paired else fwd_blocks, h // walked, b),
         "preprocess": (blocks("preprocess"), h, b),
-        "bwd": (*bwd_grid(causal, blocks("bwd"), kv if groups > 1 and p.dk_reduction == "in_block" else h), b),
+        "bwd": (*bwd_grid(causal, blocks("bwd"),
+                          kv if groups > 1 and p.dk_reduction == "in_block" else h), b),
         # Grouped KV heads: kv more blocks finish dK and dV, unless the bwd kernel wrote them.
         "postprocess": (blocks("postprocess"),
                         h + kv if groups > 1 and p.dk_reduction != "in_block" else h, b),
