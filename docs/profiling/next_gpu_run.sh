@@ -17,13 +17,13 @@
 #      `for p in gqa_base gqa gqa_base gqa; do python -m generated.$p.bench_gqa; done`, then
 #      `bash docs/profiling/next_gpu_run.sh tests gqa attention attention_sink` and their benches
 #      (the model predicts the GQA causal backward ~15% faster, MHA causal ~5%).
-#   1. The same rule for the causal forward (query blocks fastest, longest first within a head):
-#      a list-scheduling model gives 1.07x the ideal makespan at B4 H16 S4096 block_m 128 against
-#      1.01x with heads fastest, but heads fastest streams every head's K/V at once (L2): measure
-#      it: `python docs/profiling/fwd_grid_probe.py attention` (here; writes the untracked copy
-      generated/attention_fwd_heads_fastest), then on the GPU `for p in attention
-      attention_fwd_heads_fastest attention attention_fwd_heads_fastest; do python -m
-      generated.$p.bench_attention; done` (the same for gqa), and compare the causal rows.
+#   1. The causal forward's launch order (query blocks fastest, longest first within a head):
+#      launch_order_model.py gives 1.07x the ideal makespan at B4 H16 S4096 block_m 128 (1.16x
+#      for the D64 four-blocks forward) against ~1.00 with heads fastest, or with 4-16 heads at a
+#      time, longest first within them, which keeps the running blocks on a few heads' K/V (L2).
+#      Here: `python docs/profiling/fwd_grid_probe.py attention` and `... attention 8` (untracked
+#      copies generated/attention_fwd_heads_fastest, _heads_by_8; gqa alike), then on the GPU
+#      the benches alternated (the probe's docstring), comparing the causal rows.
 #   2. On the H200: `PREBUILD=1 bash docs/profiling/next_gpu_run.sh bench attention attention_sink
 #      gqa` (the status table's cuDNN ratios are the H200's of run 105).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
