@@ -9,7 +9,7 @@ The test processes must run with the same TILELANG_DEFAULT_TARGET: TileLang's ca
 target, and the build's workers compile for sm_90a (on the CPU machine: a later factory call
 with that target loads the kernel in 0.13 s instead of compiling it in 5.1 s). A package is
 generated/<name>/, built from specs/<name>.toml or, for a golden tree copied there,
-tests/specs/<name>.toml; its variants are the compile jobs of `opgen build`.
+tests/specs/<name>.toml, or for a copy, generated/<name>/spec.toml; its variants are the compile jobs of `opgen build`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,13 @@ from opgen.render import generate
 
 
 def spec_of(name: str) -> Path:
-    for spec in (Path("specs") / f"{name}.toml", Path("tests/specs") / f"{name}.toml"):
+    # A copy of a package (an A/B's baseline, generated/<name>/ holding its own spec.toml) is built
+    # from the spec it was rendered from: its compile jobs are the same, its kernels.py its own.
+    for spec in (Path("specs") / f"{name}.toml", Path("tests/specs") / f"{name}.toml",
+                 Path("generated") / name / "spec.toml"):
         if spec.exists():
             return spec
-    raise SystemExit(f"no spec for {name} in specs/ or tests/specs/")
+    raise SystemExit(f"no spec for {name} in specs/, tests/specs/ or generated/{name}/")
 
 
 def main(names: list[str]) -> None:
