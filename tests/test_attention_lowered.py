@@ -212,8 +212,26 @@ def test_code_without_comments_and_docstrings_lowers_to_the_same_cuda(tmp_path):
     assert lower(bare.attention_sink_fwd, args, tiling) == lower(sink.attention_sink_fwd, args, tiling)
 
 
+def test_causal_forward_launches_heads_fastest():
+    """The forward block's query block and head from the grid (attention_launch.launch_grid):
+    causal, the head is blockIdx.x and the query block counts down from the last with blockIdx.y
+    (every head's longest block first); full, the query block is blockIdx.x (query blocks fastest,
+    for L2). Q's tile load shows both indices."""
+    gqa = import_generated("gqa", "kernels")
+    tiling = {"block_m": 64, "block_n": 64, "threads": 128, "num_stages": 1}
+    q_load = re.compile(r"tma_load\(Q_desc, [^;]*?, 0, (.*), \(\(int\)blockIdx\.(\w)\), \(\(int\)blockIdx\.z\)\);")
+    found = {}
+    for causal in (True, False):
+        args = (32, 8, 64, causal, 0, "bshd", "bfloat16", 0.125)
+        found[causal] = q_load.findall(lower(gqa.gqa_fwd, args, tiling))
+    # (the query row of the tile, the query head's index) of each of Q's tile loads
+    assert found[True] and set(found[True]) == {
+        ("(((((seq_len + 63) >> 6) * 64) - (((int)blockIdx.y) * 64)) - 64)", "x")}, found[True]
+    assert found[False] and set(found[False]) == {("(((int)blockIdx.x) * 64)", "y")}, found[False]
+
+
 def test_causal_backward_launches_heads_fastest():
-    """The backward block's key block and head from the grid (attention_launch.bwd_grid): causal,
+    """The backward block's key block and head from the grid (attention_launch.launch_grid): causal,
     the head is blockIdx.x and the key block blockIdx.y, so every head's key block 0 (the longest)
     launches first; full, the other way round (key blocks fastest, for L2). The kernel is the same
     code either way but for the two indices."""

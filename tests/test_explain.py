@@ -65,7 +65,8 @@ def test_short_causal_grid_is_paired(project):
         rows = dict(attention.explain(plan, shape))["kernels"]
         row = next(row for row in rows if row[0] == "x_fwd")
         grids[seq_len // block_m, causal] = row[2].rsplit(" = ", 1)[1]
-    assert grids == {(7, True): "(4, 8, 2)", (7, False): "(8, 8, 2)", (33, True): "(33, 8, 2)"}
+    # Unpaired causal: heads fastest (launch_grid).
+    assert grids == {(7, True): "(4, 8, 2)", (7, False): "(8, 8, 2)", (33, True): "(8, 33, 2)"}
 
 
 def test_tiling_column_is_what_the_shape_launches():
@@ -116,8 +117,9 @@ def test_short_window_grid_walks_heads():
     assert grids == {
         (1, 128, 129): "(1, 64, 1)",  # one query block: walking heads would leave SMs idle
         (2, 1000, 129): "(8, 8, 2)",  # 16 query blocks: 8 heads a block, 128 blocks
-        (2, 1000, 1024): "(8, 64, 2)",  # a long window: one head a block
-        (2, 1000, 128): "(16, 64, 2)",  # 64 x 64 blocks see three key blocks: one head a block
+        # A long window: one head a block, the plain forward's causal grid (heads fastest).
+        (2, 1000, 1024): "(64, 8, 2)",
+        (2, 1000, 128): "(64, 16, 2)",  # 64 x 64 blocks see three key blocks: as above
         (8, 4096, 16): "(64, 8, 8)",  # 64 x 64 blocks that see two: 8 heads a block
         # Four blocks an SM (528 slots): 4 heads a block would leave 256 blocks, under 7/8 of
         # them (one block an SM would take 8 heads a block).
@@ -132,24 +134,30 @@ def test_the_packages_hold_the_launch_rules_explain_uses():
     for name in ("attention", "gqa", "attention_sink"):
         kernels = (REPO_ROOT / "generated" / name / "kernels.py").read_text()
         assert launch_code("paired causal forward") in kernels
-        assert launch_code("backward grid") in kernels
+        assert launch_code("launch order") in kernels
         assert (launch_code("short windows") in kernels) == (name == "attention_sink")
 
 
-def test_causal_backward_grid_runs_heads_fastest():
-    """The backward grid, as `opgen explain` shows it and the kernel launches it: causal, heads
-    fastest (every head's first key block, the longest, launches first); full, key blocks fastest
-    (the blocks running at once share a few heads' data in L2). In_block dK/dV: one block per KV
-    head."""
+def test_causal_grids_run_heads_fastest():
+    """The forward and backward grids, as `opgen explain` shows them and the kernels launch them:
+    causal, heads fastest (every head's longest block launches first); full, blocks fastest (the
+    blocks running at once share a few heads' data in L2). In_block dK/dV: one backward block per
+    KV head."""
     from opgen.families import attention
     from opgen.render import load_plan
 
     plan, _ = load_plan(REPO_ROOT / "specs/gqa.toml")
-    grids, key_blocks = {}, {}
+    grids, blocks = {}, {}
     for causal in (True, False):
         shape = dict(batch=2, heads=32, kv_heads=8, seq_len=4096, head_dim=128, causal=causal)
         rows = dict(attention.explain(plan, shape))["kernels"]
-        row = next(row for row in rows if row[0].endswith("_bwd"))
-        grids[causal] = row[2].rsplit(" = ", 1)[1]
-        key_blocks[causal] = 4096 // plan.tiling_for("bwd", 128, causal)["block_m"]
-    assert grids == {True: f"(8, {key_blocks[True]}, 2)", False: f"({key_blocks[False]}, 8, 2)"}
+        for phase in ("fwd", "bwd"):
+            row = next(row for row in rows if row[0].endswith(f"_{phase}"))
+            grids[phase, causal] = row[2].rsplit(" = ", 1)[1]
+            blocks[phase, causal] = 4096 // plan.tiling_for(phase, 128, causal)["block_m"]
+    assert grids == {
+        ("fwd", True): f"(32, {blocks['fwd', True]}, 2)",
+        ("fwd", False): f"({blocks['fwd', False]}, 32, 2)",
+        ("bwd", True): f"(8, {blocks['bwd', True]}, 2)",
+        ("bwd", False): f"({blocks['bwd', False]}, 8, 2)",
+    }

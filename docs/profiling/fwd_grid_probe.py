@@ -1,5 +1,9 @@
 """A copy of an attention package whose forward grid runs heads fastest, for an A/B against the
-package itself (next_gpu_run.sh's list, item 1). On the CPU machine:
+package itself. Run 150 measured it on packages as 60f1aef rendered them (query blocks fastest):
+heads fastest was never slower and 7-13% faster at D64, and the template has since launched
+causal forwards heads fastest (attention_launch.launch_grid), so on packages rendered now this
+probe stops at its assertion; render one from 60f1aef's template to repeat it. On the CPU
+machine:
 
     python docs/profiling/fwd_grid_probe.py attention     # generated/attention_fwd_heads_fastest
     python docs/profiling/fwd_grid_probe.py attention 8   # generated/attention_fwd_heads_by_8

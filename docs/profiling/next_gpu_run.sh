@@ -9,23 +9,20 @@
 # entry, attention's D64 causal forward on four blocks an SM, bulk-dq again, the GPT-OSS step);
 # session 33 had no device (loans paused); session 34 none either (every start failed); session
 # 35 an H100 for eight calls (runs 141-147: the attention tests with bulk_dq, the D64 bwd tunes,
-# rmsnorm's recompute and forward probe), then no start again. Left, in this order:
-#   0. The backward's causal grid, heads fastest (3c54139, not yet run on a GPU): gqa's bench
-#      beside generated/gqa_base (the package as c1f52fd rendered it: key blocks fastest; make it
-#      with `mkdir generated/gqa_base && for f in $(git ls-tree --name-only c1f52fd generated/gqa/);
-#      do git show c1f52fd:$f > generated/gqa_base/$(basename $f); done`), A B A B in one call:
-#      `for p in gqa_base gqa gqa_base gqa; do python -m generated.$p.bench_gqa; done`, then
-#      `bash docs/profiling/next_gpu_run.sh tests gqa attention attention_sink` and their benches
-#      (the model predicts the GQA causal backward ~15% faster, MHA causal ~5%).
-#   1. The causal forward's launch order (query blocks fastest, longest first within a head):
-#      launch_order_model.py gives 1.07x the ideal makespan at B4 H16 S4096 block_m 128 (1.16x
-#      for the D64 four-blocks forward) against ~1.00 with heads fastest, or with 4-16 heads at a
-#      time, longest first within them, which keeps the running blocks on a few heads' K/V (L2).
-#      Here: `python docs/profiling/fwd_grid_probe.py attention` and `... attention 8` (untracked
-#      copies generated/attention_fwd_heads_fastest, _heads_by_8; gqa alike), then on the GPU
-#      the benches alternated (the probe's docstring), comparing the causal rows.
-#   2. On the H200: `PREBUILD=1 bash docs/profiling/next_gpu_run.sh bench attention attention_sink
-#      gqa` (the status table's cuDNN ratios are the H200's of run 105).
+# rmsnorm's recompute and forward probe), then no start again; session 36 an H100 (runs 148-151:
+# the heads-fastest causal backward measured, 19% off gqa's, and tested; the causal forward's
+# launch order A/B). Left, in this order:
+#   0. The causal forward, heads fastest (session 36's template change after run 150; its
+#      kernels lower to the code run 150 timed, but no test has run them):
+#      `TESTS_TIMEOUT=340 bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink`,
+#      then `bash docs/profiling/next_gpu_run.sh bench attention gqa attention_sink`.
+#   1. On the H200: `PREBUILD=1 bash docs/profiling/next_gpu_run.sh bench attention attention_sink
+#      gqa` (the status table's cuDNN ratios are the H200's of run 105, before both grid changes).
+#   2. The D128 backward (0.81-0.84x cuDNN on an H100 with the new grid): `bash
+#      docs/profiling/next_gpu_run.sh ncu attention full attention causal` against cuDNN's kernel.
+#   3. The causal D128 backward tilings were tuned under the old launch order (key blocks
+#      fastest): `TUNE_ARGS="--phases bwd --head-dims 128" bash docs/profiling/next_gpu_run.sh
+#      tune gqa` (and attention), then build and test what it writes.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift

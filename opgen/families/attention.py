@@ -15,8 +15,8 @@ from typing import Annotated, Any, Callable, Iterator, Literal
 from pydantic import AfterValidator, Field, StrictBool
 
 from opgen.families import attention_launch
-from opgen.families.attention_launch import (DQ_TILE, bwd_grid, has_paired_forward,
-                                              heads_per_block, padded_rows, paired_tiling,
+from opgen.families.attention_launch import (DQ_TILE, has_paired_forward, heads_per_block,
+                                              launch_grid, padded_rows, paired_tiling,
                                               pairs_query_blocks, postprocess_tiling, tuned_tiling,
                                               walks_heads)
 from opgen.families.contract import Family
@@ -673,7 +673,7 @@ class Plan(PlanBase):
     tiling_exprs: dict[str, str]
     tuned_tiling_code: str
     dq_accumulator_code: str
-    bwd_grid_code: str
+    launch_order_code: str
 
     def tiling_for(self, key: str, head_dim: int, causal: bool,
                    window: int | None = None) -> dict[str, int]:
@@ -735,8 +735,10 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         "fwd": kernel("fwd", "fwd", "fwd",
                       "O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain)"
                       + (", sinks in every row's denominator" if section.sinks else ""),
-                      "(ceildiv(seq_len, block_m), heads, batch); causal: the longest query blocks first, "
-                      "or at most PAIRED_MAX_QUERY_BLOCKS of them paired: (ceildiv(n, 2), heads, batch)"
+                      "(ceildiv(seq_len, block_m), heads, batch); causal: the first two swapped and "
+                      "the longest query blocks first (heads fastest: every head's longest block "
+                      "launches first), or at most PAIRED_MAX_QUERY_BLOCKS of them paired: "
+                      "(ceildiv(n, 2), heads, batch)"
                       + ("; a short window: heads // heads_per_block" if section.sliding_window else ""),
                       t.fwd, (3 + sink_arg, 4 + sink_arg)),
         "preprocess": kernel("preprocess", "bwd_preprocess", "bwd_preprocess",
@@ -867,7 +869,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         tiling_exprs=tiling_exprs,
         tuned_tiling_code=launch_code("tuned tilings"),
         dq_accumulator_code=launch_code("dq accumulator"),
-        bwd_grid_code=launch_code("backward grid"),
+        launch_order_code=launch_code("launch order"),
         bench_unit="TFLOP/s",
         sweep=Sweep("seq_len", "sequence length", SEQ_LEN_SWEEP, tuple(
             bench_case(first.model_copy(update={"seq_len": n})) for n in SEQ_LEN_SWEEP)),
@@ -995,9 +997,11 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     walks = bool(window) and walks_heads(window, fwd_tiling["block_m"], fwd_tiling["block_n"])
     walked = heads_per_block(b, h, s, fwd_tiling, EXPLAIN_SM_COUNT) if walks else 1
     grids = {
-        "fwd": (ceildiv(fwd_blocks, 2) if paired else fwd_blocks, h // walked, b),
+        # The paired and head-walking kernels launch their own grids; the main one launch_grid's.
+        "fwd": ((ceildiv(fwd_blocks, 2), h, b) if paired else (fwd_blocks, h // walked, b)
+                if walks else (*launch_grid(causal, fwd_blocks, h), b)),
         "preprocess": (blocks("preprocess"), h, b),
-        "bwd": (*bwd_grid(causal, blocks("bwd"),
+        "bwd": (*launch_grid(causal, blocks("bwd"),
                           kv if groups > 1 and p.dk_reduction == "in_block" else h), b),
         # Grouped KV heads: kv more blocks finish dK and dV, unless the bwd kernel wrote them.
         "postprocess": (blocks("postprocess"),
