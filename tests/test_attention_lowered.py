@@ -212,19 +212,23 @@ def test_code_without_comments_and_docstrings_lowers_to_the_same_cuda(tmp_path):
     assert lower(bare.attention_sink_fwd, args, tiling) == lower(sink.attention_sink_fwd, args, tiling)
 
 
+def indices_by_mask(factory, args_of, pattern):
+    """{causal: the groups of `pattern` in each line of factory's kernel lowered at args_of(causal)
+    (the gqa D64 tiling below)}: a kernel's tile loads, with their block indices."""
+    tiling = {"block_m": 64, "block_n": 64, "threads": 128, "num_stages": 1}
+    return {causal: re.findall(pattern, lower(factory, args_of(causal), tiling)) for causal in (True, False)}
+
+
 def test_causal_forward_launches_heads_fastest():
     """The forward block's query block and head from the grid (attention_launch.launch_grid):
     causal, the head is blockIdx.x and the query block counts down from the last with blockIdx.y
     (every head's longest block first); full, the query block is blockIdx.x (query blocks fastest,
     for L2). Q's tile load shows both indices."""
     gqa = import_generated("gqa", "kernels")
-    tiling = {"block_m": 64, "block_n": 64, "threads": 128, "num_stages": 1}
-    q_load = re.compile(r"tma_load\(Q_desc, [^;]*?, 0, (.*), \(\(int\)blockIdx\.(\w)\), \(\(int\)blockIdx\.z\)\);")
-    found = {}
-    for causal in (True, False):
-        args = (32, 8, 64, causal, 0, "bshd", "bfloat16", 0.125)
-        found[causal] = q_load.findall(lower(gqa.gqa_fwd, args, tiling))
     # (the query row of the tile, the query head's index) of each of Q's tile loads
+    found = indices_by_mask(
+        gqa.gqa_fwd, lambda causal: (32, 8, 64, causal, 0, "bshd", "bfloat16", 0.125),
+        r"tma_load\(Q_desc, [^;]*?, 0, (.*), \(\(int\)blockIdx\.(\w)\), \(\(int\)blockIdx\.z\)\);")
     assert found[True] and set(found[True]) == {
         ("(((((seq_len + 63) >> 6) * 64) - (((int)blockIdx.y) * 64)) - 64)", "x")}, found[True]
     assert found[False] and set(found[False]) == {("(((int)blockIdx.x) * 64)", "y")}, found[False]
@@ -236,12 +240,10 @@ def test_causal_backward_launches_heads_fastest():
     launches first; full, the other way round (key blocks fastest, for L2). The kernel is the same
     code either way but for the two indices."""
     gqa = import_generated("gqa", "kernels")
-    tiling = {"block_m": 64, "block_n": 64, "threads": 128, "num_stages": 1}
-    k_load = re.compile(r"tma_load\(K_desc, [^;]*?\(\(\(int\)blockIdx\.(\w)\) \* 64\), \(\(int\)blockIdx\.(\w)\)")
-    found = {}
-    for causal in (True, False):
-        args = (32, 8, 64, causal, 0, "bshd", "bfloat16", 0.125, "in_block", "in_block")
-        found[causal] = k_load.findall(lower(gqa.gqa_bwd, args, tiling))
     # (the key block's index, the KV head's index) of each of K's tile loads
+    found = indices_by_mask(
+        gqa.gqa_bwd,
+        lambda causal: (32, 8, 64, causal, 0, "bshd", "bfloat16", 0.125, "in_block", "in_block"),
+        r"tma_load\(K_desc, [^;]*?\(\(\(int\)blockIdx\.(\w)\) \* 64\), \(\(int\)blockIdx\.(\w)\)")
     assert found[True] and set(found[True]) == {("y", "x")}, found[True]
     assert found[False] and set(found[False]) == {("x", "y")}, found[False]

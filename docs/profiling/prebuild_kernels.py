@@ -9,7 +9,8 @@ The test processes must run with the same TILELANG_DEFAULT_TARGET: TileLang's ca
 target, and the build's workers compile for sm_90a (on the CPU machine: a later factory call
 with that target loads the kernel in 0.13 s instead of compiling it in 5.1 s). A package is
 generated/<name>/, built from specs/<name>.toml or, for a golden tree copied there,
-tests/specs/<name>.toml, or for a copy, generated/<name>/spec.toml; its variants are the compile jobs of `opgen build`.
+tests/specs/<name>.toml, or for a copy, generated/<name>/spec.toml; its variants are the compile
+jobs of `opgen build`.
 """
 
 from __future__ import annotations

@@ -996,10 +996,16 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     paired = pairs_query_blocks(causal, window, s, fwd_tiling["block_m"])
     walks = bool(window) and walks_heads(window, fwd_tiling["block_m"], fwd_tiling["block_n"])
     walked = heads_per_block(b, h, s, fwd_tiling, EXPLAIN_SM_COUNT) if walks else 1
+    # The paired and head-walking forward kernels launch their own grids; the main one
+    # launch_grid's.
+    if paired:
+        fwd_grid = (ceildiv(fwd_blocks, 2), h, b)
+    elif walks:
+        fwd_grid = (fwd_blocks, h // walked, b)
+    else:
+        fwd_grid = (*launch_grid(causal, fwd_blocks, h), b)
     grids = {
-        # The paired and head-walking kernels launch their own grids; the main one launch_grid's.
-        "fwd": ((ceildiv(fwd_blocks, 2), h, b) if paired else (fwd_blocks, h // walked, b)
-                if walks else (*launch_grid(causal, fwd_blocks, h), b)),
+        "fwd": fwd_grid,
         "preprocess": (blocks("preprocess"), h, b),
         "bwd": (*launch_grid(causal, blocks("bwd"),
                           kv if groups > 1 and p.dk_reduction == "in_block" else h), b),
