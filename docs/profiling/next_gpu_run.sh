@@ -11,18 +11,20 @@
 # 35 an H100 for eight calls (runs 141-147: the attention tests with bulk_dq, the D64 bwd tunes,
 # rmsnorm's recompute and forward probe), then no start again; session 36 an H100 (runs 148-151:
 # the heads-fastest causal backward measured, 19% off gqa's, and tested; the causal forward's
-# launch order A/B). Left, in this order:
-#   0. The causal forward, heads fastest (session 36's template change after run 150; its
-#      kernels lower to the code run 150 timed, but no test has run them):
-#      `TESTS_TIMEOUT=340 bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink`,
-#      then `bash docs/profiling/next_gpu_run.sh bench attention gqa attention_sink`.
-#   1. On the H200: `PREBUILD=1 bash docs/profiling/next_gpu_run.sh bench attention attention_sink
-#      gqa` (the status table's cuDNN ratios are the H200's of run 105, before both grid changes).
-#   2. The D128 backward (0.81-0.84x cuDNN on an H100 with the new grid): `bash
-#      docs/profiling/next_gpu_run.sh ncu attention full attention causal` against cuDNN's kernel.
-#   3. The causal D128 backward tilings were tuned under the old launch order (key blocks
-#      fastest): `TUNE_ARGS="--phases bwd --head-dims 128" bash docs/profiling/next_gpu_run.sh
-#      tune gqa` (and attention), then build and test what it writes.
+# launch order A/B); session 37 an H100 (runs 152-161: the forward's grid tested, benches, D128
+# re-tunes (no change), ncu, the rotated full backward: right but 1.7x slower). Left, in this order:
+#   0. The causal backward walking its query blocks from the last one down (blocks of one head in
+#      step, as full ones are: run 161 showed how much that matters). On the CPU machine first:
+#      `bash docs/profiling/render_copies.sh docs/profiling/patches/bwd-causal-descending.patch rev
+#      attention gqa attention_sink` (untracked copies; delete them after), then one call:
+#      `MASK=causal bash docs/profiling/rows_ab.sh attention attention_rev gqa gqa_rev
+#      attention_sink attention_sink_rev; PREBUILD_TIMEOUT=150 TESTS_TIMEOUT=200 bash
+#      docs/profiling/next_gpu_run.sh tests attention_rev gqa_rev attention_sink_rev`. If faster,
+#      apply the patch to the template, build, and run item 1.
+#   1. On the H200 (an H100 came in every call of sessions 35-37): `PREBUILD=1 bash
+#      docs/profiling/next_gpu_run.sh bench attention attention_sink gqa`.
+#   2. The D128 backward (0.82-0.84x cuDNN full, GQA causal 0.77x on an H100): what keeps two
+#      consumer warpgroups from overlapping each other's GEMM waits (run 159's stall profile).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
