@@ -13,14 +13,18 @@
 # the heads-fastest causal backward measured, 19% off gqa's, and tested; the causal forward's
 # launch order A/B); session 37 an H100 (runs 152-161: the forward's grid tested, benches, D128
 # re-tunes (no change), ncu, the rotated full backward: right but 1.7x slower). Left, in this order:
-#   0. The causal backward walking its query blocks from the last one down (blocks of one head in
-#      step, as full ones are: run 161 showed how much that matters). On the CPU machine first:
-#      `bash docs/profiling/render_copies.sh docs/profiling/patches/bwd-causal-descending.patch rev
-#      attention gqa attention_sink` (untracked copies; delete them after), then one call:
-#      `MASK=causal bash docs/profiling/rows_ab.sh attention attention_rev gqa gqa_rev
-#      attention_sink attention_sink_rev; PREBUILD_TIMEOUT=150 TESTS_TIMEOUT=200 bash
-#      docs/profiling/next_gpu_run.sh tests attention_rev gqa_rev attention_sink_rev`. If faster,
-#      apply the patch to the template, build, and run item 1.
+#   0. Two backward probes, alone and together (patches in docs/profiling/patches/): the causal
+#      backward walking its query blocks from the last one down (blocks of one head in step, as
+#      full ones are: run 161 showed how much that matters), and the backward without TileLang's
+#      safe-memory pass (its guard on every dQ atomic costs ~110 of ~800 instructions a consumer
+#      warp issues per step, run 159; safe_memory_audit.py lists every guard the pass adds to the
+#      bwd jobs). On the CPU machine, the three render_copies.sh commands in its header (untracked
+#      copies *_rev, *_nosafe, *_both of attention and gqa; delete them after), then one call:
+#      `MASK=all bash docs/profiling/rows_ab.sh attention attention_rev attention_nosafe
+#      attention_both gqa gqa_rev gqa_nosafe gqa_both`, and one for the tests of the best:
+#      `PREBUILD_TIMEOUT=150 TESTS_TIMEOUT=250 bash docs/profiling/next_gpu_run.sh tests
+#      attention_both gqa_both` (a copy of attention_sink too if it goes in). What wins goes
+#      into the template (git apply the patch), then build, goldens and item 1.
 #   1. On the H200 (an H100 came in every call of sessions 35-37): `PREBUILD=1 bash
 #      docs/profiling/next_gpu_run.sh bench attention attention_sink gqa`.
 #   2. The D128 backward (0.82-0.84x cuDNN full, GQA causal 0.77x on an H100): what keeps two
