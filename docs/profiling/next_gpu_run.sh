@@ -18,8 +18,9 @@
 #      full ones are: run 161 showed how much that matters), and the backward without TileLang's
 #      safe-memory pass (its guard on every dQ atomic costs ~110 of ~800 instructions a consumer
 #      warp issues per step, run 159; safe_memory_audit.py found the pass adds nothing else to
-#      any of the 112 bwd jobs, docs/gpu-logs/session37-safe-memory-audit-cpu.log). On the CPU machine, the three render_copies.sh commands in its header (untracked
-#      copies *_rev, *_nosafe, *_both of attention and gqa; delete them after), then one call:
+#      any of the 112 bwd jobs, docs/gpu-logs/session37-safe-memory-audit-cpu.log). On the CPU
+#      machine, the three render_copies.sh commands in its header (untracked copies *_rev,
+#      *_nosafe, *_both of attention and gqa; delete them after), then one call:
 #      `MASK=all bash docs/profiling/rows_ab.sh attention attention_rev attention_nosafe
 #      attention_both gqa gqa_rev gqa_nosafe gqa_both`, and one for the tests of the best:
 #      `PREBUILD_TIMEOUT=150 TESTS_TIMEOUT=250 bash docs/profiling/next_gpu_run.sh tests
