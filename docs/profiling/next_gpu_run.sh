@@ -33,16 +33,6 @@
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
-if [ "$what" = baseline ]; then
-  # On the CPU machine: generated/attention_registers, the attention package rendered from the
-  # template of commit $1 (stage_o_probe's baseline); untracked, so it travels to the GPU machine.
-  cp templates/attention/kernels.py.jinja /tmp/kernels.py.jinja.now
-  git show "$1:templates/attention/kernels.py.jinja" > templates/attention/kernels.py.jinja
-  sed 's/^name = "attention"/name = "attention_registers"/' specs/attention.toml > /tmp/attention_registers.toml
-  opgen build --no-compile --force /tmp/attention_registers.toml
-  cp /tmp/kernels.py.jinja.now templates/attention/kernels.py.jinja
-  exit 0
-fi
 if [ "$what" = prep ]; then
   site=$(python -c "import typer, os; print(os.path.dirname(os.path.dirname(typer.__file__)))")
   mkdir -p .prof/site

@@ -2,8 +2,11 @@
 # Probe copies of packages rendered from the templates with patches applied (on the CPU machine;
 # the copies are untracked and travel to the GPU machine with the tree; never commit them):
 #     bash docs/profiling/render_copies.sh PATCH[,PATCH...] SUFFIX PKG...
+#     bash docs/profiling/render_copies.sh COMMIT SUFFIX PKG...
 # renders generated/PKG_SUFFIX from specs/PKG.toml (renamed) with the patches applied to the
-# templates, then takes them back out. No compile check here: the GPU run compiles the copies.
+# templates (or with the templates as COMMIT had them: the patch from here to there), then takes
+# them back out. No compile check here: the GPU run compiles the copies. stage_o_probe.py's
+# baseline, for one: `bash docs/profiling/render_copies.sh 5dd8f62 registers attention`.
 # Session 37's backward probes (docs/profiling/patches/), for next_gpu_run.sh's item 0:
 #     P=docs/profiling/patches
 #     bash docs/profiling/render_copies.sh $P/bwd-causal-descending.patch rev attention gqa
@@ -12,12 +15,18 @@
 #       both attention gqa
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-IFS=, read -r -a patches <<< "$1"
+if [ ! -f "${1%%,*}" ] && git rev-parse -q --verify "$1^{commit}" > /dev/null; then
+  git diff HEAD "$1" -- templates/ > /tmp/render_copies_$2.patch
+  patches=(/tmp/render_copies_$2.patch)
+else
+  IFS=, read -r -a patches <<< "$1"
+fi
 suffix=$2; shift 2
 applied=()
 undo() { for ((i=${#applied[@]}-1; i>=0; i--)); do git apply -R "${applied[i]}"; done; }
 trap undo EXIT
 for patch in "${patches[@]}"; do
+  [ -s "$patch" ] || continue  # COMMIT's templates are these
   git apply "$patch"
   applied+=("$patch")
 done
