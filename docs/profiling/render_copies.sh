@@ -3,9 +3,11 @@
 # the copies are untracked and travel to the GPU machine with the tree; never commit them):
 #     bash docs/profiling/render_copies.sh PATCH[,PATCH...] SUFFIX PKG...
 #     bash docs/profiling/render_copies.sh COMMIT SUFFIX PKG...
-# renders generated/PKG_SUFFIX from specs/PKG.toml (renamed) with the patches applied to the
-# templates (or with the templates as COMMIT had them: the patch from here to there), then takes
-# them back out. No compile check here: the GPU run compiles the copies. stage_o_probe.py's
+#     SPEC_EDIT=SED_EXPRESSION bash docs/profiling/render_copies.sh - SUFFIX PKG...
+# renders generated/PKG_SUFFIX from specs/PKG.toml (renamed; SPEC_EDIT, a sed expression, edits
+# the copy's spec too) with the patches applied to the templates (or with the templates as
+# COMMIT had them: the patch from here to there, opgen/ staying this tree's; - for none), then
+# takes them back out. No compile check here: the GPU run compiles the copies. stage_o_probe.py's
 # baseline, for one: `bash docs/profiling/render_copies.sh 5dd8f62 registers attention`.
 # Session 37's backward probes (docs/profiling/patches/), for next_gpu_run.sh's item 0:
 #     P=docs/profiling/patches
@@ -13,9 +15,13 @@
 #     bash docs/profiling/render_copies.sh $P/bwd-no-safe-memory.patch nosafe attention gqa
 #     bash docs/profiling/render_copies.sh $P/bwd-causal-descending.patch,$P/bwd-no-safe-memory.patch \
 #       both attention gqa
+#     SPEC_EDIT='/^bwd = { block_m = 128, block_n = 64, threads = 256/s/num_stages = [12]/num_stages = 3/' \
+#       bash docs/profiling/render_copies.sh - s3 attention gqa
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-if [ ! -f "${1%%,*}" ] && git rev-parse -q --verify "$1^{commit}" > /dev/null; then
+if [ "$1" = - ]; then
+  patches=()
+elif [ ! -f "${1%%,*}" ] && git rev-parse -q --verify "$1^{commit}" > /dev/null; then
   git diff HEAD "$1" -- templates/ > /tmp/render_copies_$2.patch
   patches=(/tmp/render_copies_$2.patch)
 else
@@ -32,7 +38,7 @@ for patch in "${patches[@]}"; do
 done
 specs=()
 for p in "$@"; do
-  sed "s/^name = \"$p\"/name = \"${p}_$suffix\"/" specs/$p.toml > /tmp/${p}_$suffix.toml
+  sed -e "s/^name = \"$p\"/name = \"${p}_$suffix\"/" -e "${SPEC_EDIT:-}" specs/$p.toml > /tmp/${p}_$suffix.toml
   specs+=(/tmp/${p}_$suffix.toml)
 done
 opgen build --no-compile --force "${specs[@]}"
