@@ -19,8 +19,8 @@
 #      safe-memory pass (its guard on every dQ atomic costs ~110 of ~800 instructions a consumer
 #      warp issues per step, run 159; safe_memory_audit.py found the pass adds nothing else to
 #      any of the 112 bwd jobs, docs/gpu-logs/session37-safe-memory-audit-cpu.log; with both
-#      patches every kernel of attention, gqa and attention_sink compiles, 257 on the CPU). On the CPU
-#      machine, the four render_copies.sh commands in its header (untracked copies *_rev,
+#      patches every kernel of attention, gqa and attention_sink compiles, 257 on the CPU). On
+#      the CPU machine, the four render_copies.sh commands in its header (untracked copies *_rev,
 #      *_nosafe, *_both of attention and gqa, and *_s3: the D128 backward on three stages, a
 #      spec edit; the tune's space stops at two; delete them after), then one call:
 #      `MASK=all bash docs/profiling/rows_ab.sh attention attention_rev attention_nosafe
