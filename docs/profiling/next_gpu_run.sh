@@ -22,7 +22,8 @@
 #      patches every kernel of attention, gqa and attention_sink compiles, 257 on the CPU). On
 #      the CPU machine, the four render_copies.sh commands in its header (untracked copies *_rev,
 #      *_nosafe, *_both of attention and gqa, and *_s3: the D128 backward on three stages, a
-#      spec edit; the tune's space stops at two; delete them after), then one call:
+#      spec edit; the tune's space stops at two; its 132 kernels compile too; delete the copies
+#      after), then one call:
 #      `MASK=all bash docs/profiling/rows_ab.sh attention attention_rev attention_nosafe
 #      attention_both attention_s3 gqa gqa_rev gqa_nosafe gqa_both gqa_s3` (~400 s), and one for
 #      the tests of the best:
