@@ -22,17 +22,14 @@ KEY = "tl.disable_safe_memory_legalize"
 
 
 def lower(kernels_path, job, disable):
-    import importlib.util
-
     import tilelang
     from tvm import transform
     from tvm.target import Target
 
-    spec = importlib.util.spec_from_file_location(f"k{abs(hash(kernels_path))}", kernels_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    factory = getattr(module, job.factory)
-    config = dict(factory.pass_configs)
+    from opgen.compile import _load  # the compile check's loader: each kernels.py once a process
+
+    factory = getattr(_load(kernels_path), job.factory)
+    config = dict(factory.pass_configs or {})
     if disable:
         config[KEY] = True
     func = factory.get_tir(*job.args, **job.tiling)

@@ -1,8 +1,8 @@
 """The attention forward with O stored through shared memory by TMA (`generated/attention`, the
 template's staged epilogue) against the same forward with O stored from registers
 (`generated/attention_registers`, rendered from an earlier template under that name by
-`bash docs/profiling/render_copies.sh COMMIT registers attention` on the CPU machine), through the public
-function under torch.no_grad, interleaved in one process, with SDPA's cuDNN beside them. Outputs
+`bash docs/profiling/render_copies.sh COMMIT registers attention` on the CPU machine), through
+the public function under torch.no_grad, interleaved in one process, with SDPA's cuDNN beside them. Outputs
 must be bit-identical (the same values, only the store path differs), at odd lengths and both
 layouts too. On an H200:
 
