@@ -247,3 +247,38 @@ def test_causal_backward_launches_heads_fastest():
         r"tma_load\(K_desc, [^;]*?\(\(\(int\)blockIdx\.(\w)\) \* 64\), \(\(int\)blockIdx\.(\w)\)")
     assert found[True] and set(found[True]) == {("y", "x")}, found[True]
     assert found[False] and set(found[False]) == {("x", "y")}, found[False]
+
+
+def test_backward_dq_atomics_carry_only_the_templates_guards():
+    """Every bound of the backward is the template's own: a full block of queries adds its dQ
+    rows with no guard at all (TileLang's safe-memory pass, which would add one per pair of adds
+    against padded_rows, is off for this kernel), the last, partial block guards each row
+    against seq_len, and rows past seq_len are never added."""
+    attention = import_generated("attention", "kernels")
+    args = (16, 16, 128, False, 0, "bshd", "float16", 128 ** -0.5, "direct", "direct")
+    tiling = {"block_m": 128, "block_n": 64, "threads": 256, "num_stages": 2}
+    source = lower(attention.attention_bwd, args, tiling)
+    adds = [m.start() for m in re.finditer(r"AtomicAdd\(\(&\(dQ\[", source)]
+    assert len(adds) == 2, "one loop of adds per branch: full blocks, the tail block"
+    guards = [re.findall(r"if \((.*)\) \{", source[source.rindex("for (", 0, at):at])
+              for at in adds]
+    assert guards[0] == [], guards[0]
+    assert len(guards[1]) == 1 and "< seq_len" in guards[1][0], guards[1]
+    assert "padded_rows" not in "".join(guards[1])
+
+
+def test_descending_backward_walks_its_query_blocks_from_the_last_one_down():
+    """descending: a causal block's first step loads the last query block (row
+    ceil(seq_len / 64) * 64 - 64) and each step the one before it, down to its diagonal; without it
+    the walk starts at the diagonal (the key block's first row) and goes up."""
+    attention = import_generated("attention", "kernels")
+    args = (16, 16, 128, True, 0, "bshd", "float16", 128 ** -0.5, "direct", "direct")
+    tiling = {"block_m": 128, "block_n": 64, "threads": 256, "num_stages": 2}
+
+    def query_rows(descending):
+        source = lower(attention.attention_bwd, args, {**tiling, "descending": descending})
+        return re.findall(r"tma_load\(Q_desc, [^;]*?\(i_\d \* 64\), (.*?), \(\(int\)blockIdx\.x\)",
+                          source)
+
+    assert set(query_rows(False)) == {"((((int)blockIdx.y) * 128) + (query_step * 64))"}
+    assert set(query_rows(True)) == {"(((((seq_len + 63) >> 6) * 64) - (query_step * 64)) - 64)"}

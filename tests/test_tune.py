@@ -268,8 +268,14 @@ def test_candidates_pass_the_rules_current_tiling_first():
     assert {c.label.endswith(" overlap") for c in found} == {True, False}
     # The backward also tries dQ by bulk reduce-adds; the forward has no such key.
     bulk = [c for c in found if c.tiling_dict.get("bulk_dq")]
-    assert bulk and all(c.phase == "bwd" and c.label.endswith(" bulk-dq") for c in bulk)
+    assert bulk and all(c.phase == "bwd" and " bulk-dq" in c.label for c in bulk)
     assert any(c.phase == "bwd" and "bulk_dq" not in c.tiling_dict for c in found)
+    # Causal backwards also walk their query blocks from the last one down; without a causal
+    # mask the order changes nothing and is not timed.
+    down = [c for c in found if c.tiling_dict.get("descending")]
+    assert down and all(c.phase == "bwd" and c.key[1] and c.label.endswith(" descending")
+                        for c in down)
+    assert any(c.phase == "bwd" and c.key[1] and "descending" not in c.tiling_dict for c in found)
     first = {}
     for c in found:
         first.setdefault(c.variant, c)

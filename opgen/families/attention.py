@@ -112,6 +112,13 @@ class BwdTiling(AttentionTiling):
     # Left out of the tiling (and the spec's hash) when false.
     bulk_dq: StrictBool = Field(False, exclude_if=lambda v: not v)
 
+    # true: a block walks its query blocks from the last one down. Under a causal mask the blocks
+    # of a head start at different query blocks (their diagonals) and all end at the last one, so
+    # walking down keeps the blocks that run together on the same q and dO tiles and dQ rows at
+    # each step (GPU run 162: GQA D128 causal 11-12% faster; MHA D128 level, D64 4% slower).
+    # Left out of the tiling (and the spec's hash) when false.
+    descending: StrictBool = Field(False, exclude_if=lambda v: not v)
+
 
 # Hopper defaults. fwd 128x64 with a 256-thread consumer group and one pipeline stage, bwd 128x32
 # with two stages: the sm_90 configurations of TileLang's GQA and attention-sink examples, which

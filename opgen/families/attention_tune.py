@@ -27,7 +27,9 @@ from opgen.tune import Candidate
 # H200 in runs 34-94 (each such block had the SM to itself). One warpgroup of 64 rows is timed on
 # one block an SM and on two, the forward's also on three and four (blocks_per_sm; the rules keep
 # such blocks to 128 threads and their share of the SM's shared memory). The backward tries dQ
-# by bulk reduce-adds as well as by atomics (bulk_dq).
+# by bulk reduce-adds as well as by atomics (bulk_dq), and under a causal mask its query blocks
+# walked from the last one down (descending; without a causal mask every block walks them all,
+# so the order changes nothing and is not timed).
 SEARCH_SPACE = {
     "block_m": (64, 128),
     "block_n": (32, 64, 128),
@@ -37,7 +39,7 @@ SEARCH_SPACE = {
 }
 PHASE_SPACE = {"fwd": {"block_m": (64, 128, 192), "threads": (128, 256, 384),
                        "overlap": (False, True), "blocks_per_sm": (1, 2, 3, 4)},
-               "bwd": {"bulk_dq": (False, True)}}
+               "bwd": {"bulk_dq": (False, True), "descending": (False, True)}}
 # The shape a head dim is timed at when no [bench] shape has that head dim; a GQA spec's is
 # grouped, so that its backward is timed with the dK/dV reduction grouped calls use.
 DEFAULT_SHAPE = {"batch": 4, "heads": 16, "kv_heads": 16, "seq_len": 4096}
@@ -180,9 +182,10 @@ class AttentionTuner(Tuner):
 
     def space(self, spec: Any, key: tuple, phase: str) -> list[dict[str, Any]]:
         keys = {**SEARCH_SPACE, **PHASE_SPACE[phase]}
+        _, causal, _ = key
         return [tiling for tiling in (dict(zip(keys, values))
                                       for values in itertools.product(*keys.values()))
-                if _worth_timing(tiling)]
+                if _worth_timing(tiling) and (causal or not tiling.get("descending"))]
 
     def dump(self, phase: str, tiling: dict[str, Any]) -> dict[str, Any]:
         return PHASE_TILING[phase](**tiling).model_dump()
@@ -202,7 +205,8 @@ class AttentionTuner(Tuner):
         return (f"{tiling['block_m']}x{tiling['block_n']} threads={tiling['threads']} "
                 f"stages={tiling['num_stages']}" + (" overlap" if tiling.get("overlap") else "")
                 + (f" {tiling['blocks_per_sm']} blocks/SM" if tiling.get("blocks_per_sm", 1) > 1 else "")
-                + (" bulk-dq" if tiling.get("bulk_dq") else ""))
+                + (" bulk-dq" if tiling.get("bulk_dq") else "")
+                + (" descending" if tiling.get("descending") else ""))
 
     def time_candidates(self, spec, plan, autograd, found, report, workers, times) -> dict:
         return time_candidates(spec, plan, autograd, found, report, workers, times)

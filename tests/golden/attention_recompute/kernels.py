@@ -646,7 +646,16 @@ def attention_recompute_bwd_preprocess(
     return bwd_preprocess
 
 
-@tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
+# Every bound this kernel needs is written out below (rows past seq_len, the dQ tail). TileLang's
+# safe-memory pass would add its own guard to each dQ atomic as well, since it cannot relate
+# padded_rows to seq_len: a branch and the address recomputed per pair of adds, ~110 of the ~800
+# instructions a consumer warp issues per step at D128.
+@tilelang.jit(
+    pass_configs={
+        tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
+        tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True,
+    }
+)
 def attention_recompute_bwd(
     heads,
     kv_heads,
@@ -664,6 +673,7 @@ def attention_recompute_bwd(
     num_stages,
     blocks_per_sm=1,
     bulk_dq=False,
+    descending=False,
 ):
     """dQ by fp32 atomics (bulk_dq: 16-row tiles staged in shared memory, added by bulk reduce-adds); dK, dV per query head, written, split or atomically added, or per KV head summed over its group in the block (in_block). Grid (ceildiv(seq_len, block_m), heads (kv_heads with in_block dK/dV), batch); causal: the first two swapped (heads fastest: the longest blocks launch first).
 
@@ -677,6 +687,9 @@ def attention_recompute_bwd(
     bulk_dq: each step's dQ tile is staged in shared memory and added into the accumulator (laid
     out in DQ_TILE-row tiles) by bulk reduce-adds that one thread issues; the wait for a step's
     adds to have read the stage is put off to the next step, where the stage is long read.
+    descending: the query blocks are walked from the last one down. Under a causal mask the blocks
+    of a head start at different query blocks (their diagonals) and all end at the last: walking
+    down keeps the blocks that run together on the same q and dO tiles and dQ rows.
     """
     batch, seq_len = runtime_dims()
     scale = softmax_scale * LOG2E
@@ -787,10 +800,11 @@ def attention_recompute_bwd(
             )
             span = loop_end - loop_start
             for step in T.Pipelined(span * groups if in_block else span, num_stages=num_stages):
-                # in_block: every query head of the group at query block k, then block k + 1: a
-                # fixed order, and dividing by the constant groups is a shift.
+                # in_block: every query head of the group at query block k, then the next block:
+                # a fixed order, and dividing by the constant groups is a shift.
                 h = bx * groups + step % groups if in_block else bx
-                k = loop_start + (step // groups if in_block else step)
+                query_step = step // groups if in_block else step
+                k = loop_end - 1 - query_step if descending else loop_start + query_step
                 T.copy(rows(Q, bz, h, k * block_n, block_n), q)
                 T.clear(qkT)
                 T.gemm(K_shared, q, qkT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
