@@ -7,7 +7,9 @@ warm-up rounds, then one forward and one backward launch inside NVTX ranges. On 
         python docs/profiling/ncu_attention.py [attention|gqa] [causal]
 
 Shape: MHA fp16 B4 H16 S4096 D128 (attention), GQA bf16 B2 32/8 S4096 D128 (gqa), or the gpt-oss
-shape of attention_sink (`attention_sink window128`: bf16 B1 64/8 S4096 D64, sinks, window 128).
+shape of attention_sink (`attention_sink window128`: bf16 B1 64/8 S4096 D64, sinks, window 128;
+WINDOW=1024 its window-1024 bench shape instead: bf16 B2 32/8 S4096 D128, sinks, causal; a
+package copy such as attention_sink_desc is profiled the same way).
 SEQ=1000 sets the length, DIM=64 the head dim (attention, gqa); SDPA=cudnn runs SDPA's cuDNN forward and backward on the same inputs
 instead (profile it with -k regex:"cudnn|sm90")."""
 import importlib
@@ -24,8 +26,10 @@ b, h, kv, dtype = (4, 16, 16, torch.float16) if name == "attention" else (2, 32,
 s, d = int(os.environ.get("SEQ", 4096)), int(os.environ.get("DIM", 128))
 window = None
 extra = ()
-if name == "attention_sink":
+if name.startswith("attention_sink"):
     b, h, kv, d, causal, window = 1, 64, 8, 64, True, 128
+    if os.environ.get("WINDOW") == "1024":
+        b, h, kv, d, window = 2, 32, 8, 128, 1024
     extra = (torch.randn(h, device="cuda"),)
 q = torch.randn(b, s, h, d, device="cuda", dtype=dtype)
 k, v = (torch.randn(b, s, kv, d, device="cuda", dtype=dtype) for _ in range(2))

@@ -12,29 +12,25 @@
 # rmsnorm's recompute and forward probe), then no start again; session 36 an H100 (runs 148-151:
 # the heads-fastest causal backward measured, 19% off gqa's, and tested; the causal forward's
 # launch order A/B); session 37 an H100 (runs 152-161: the forward's grid tested, benches, D128
-# re-tunes (no change), ncu, the rotated full backward: right but 1.7x slower). Left, in this order:
-#   0. Backward probes, alone and together (patches in docs/profiling/patches/): the causal
-#      backward walking its query blocks from the last one down (blocks of one head in step, as
-#      full ones are: run 161 showed how much that matters), and the backward without TileLang's
-#      safe-memory pass (its guard on every dQ atomic costs ~110 of ~800 instructions a consumer
-#      warp issues per step, run 159; safe_memory_audit.py found the pass adds nothing else to
-#      any of the 112 bwd jobs, docs/gpu-logs/session37-safe-memory-audit-cpu.log; with both
-#      patches every kernel of attention, gqa and attention_sink compiles, 257 on the CPU). On
-#      the CPU machine, the four render_copies.sh commands in its header (untracked copies *_rev,
-#      *_nosafe, *_both of attention and gqa, and *_s3: the D128 backward on three stages, a
-#      spec edit; the tune's space stops at two; its 132 kernels compile too; delete the copies
-#      after), then one call:
-#      `MASK=all bash docs/profiling/rows_ab.sh attention attention_rev attention_nosafe
-#      attention_both attention_s3 gqa gqa_rev gqa_nosafe gqa_both gqa_s3` (~400 s), and one for
-#      the tests of the best:
-#      `PREBUILD_TIMEOUT=150 TESTS_TIMEOUT=250 bash docs/profiling/next_gpu_run.sh tests
-#      attention_both gqa_both` (a copy of attention_sink too if it goes in). What wins goes
-#      into the template (git apply the patch), then build, goldens and item 1.
-#   1. On the H200 (an H100 came in every call of sessions 35-37): `PREBUILD=1 bash
+# re-tunes (no change), ncu, the rotated full backward: right but 1.7x slower); session 38 an
+# H100 (runs 162-165: the backward probes, descending walks and no safe-memory pass landed,
+# tested, benched), then no start. Left, in this order:
+#   0. Why the window-1024 backward (1.04x FlexAttention) is 1.34x slower walking down (run 164)
+#      when the causal one is 15% faster: the two at ncu. On the CPU machine
+#      `SPEC_EDIT='113s/ }$/, descending = true }/' bash docs/profiling/render_copies.sh - desc
+#      attention_sink` (check that line is the max_window = 1024 entry's bwd), then one call:
+#      `export PYTHONPATH=$PYTHONPATH:$(pwd)/.prof/site TILELANG_DEFAULT_TARGET='{"kind": "cuda",
+#      "arch": "sm_90a"}'; for p in attention_sink attention_sink_desc; do WINDOW=1024 python
+#      docs/profiling/ncu_attention.py $p & done; wait; WINDOW=1024 bash
+#      docs/profiling/next_gpu_run.sh ncu attention_sink causal attention_sink_desc causal`
+#      (the first loop fills TileLang's cache; compare L2 hit rate, DRAM bytes, stalls).
+#   1. On the H200 (an H100 came in every call of sessions 35-38): `PREBUILD=1 bash
 #      docs/profiling/next_gpu_run.sh bench attention attention_sink gqa`.
-#   2. The D128 backward (0.82-0.84x cuDNN full, GQA causal 0.77x on an H100): what keeps two
-#      consumer warpgroups from overlapping each other's GEMM waits (run 159's stall profile).
-#      The causal D128 forward (0.89x): where its per-block fixed cost goes,
+#   2. `opgen tune --phases bwd` of the causal entries not yet timed walking down (attention D64
+#      and D128 were level or slower in run 162; gqa D64, attention_sink D64 untimed).
+#   3. The D128 backward (0.82x cuDNN full, GQA 0.89x on an H100): what keeps two consumer
+#      warpgroups from overlapping each other's GEMM waits (run 159's stall profile).
+#      The causal D128 forward (0.81-0.89x): where its per-block fixed cost goes,
 #      `NCU_KERNELS=^fwd_kernel bash docs/profiling/next_gpu_run.sh source attention causal`
 #      (10 s; run 154 has its ncu).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v

@@ -9,14 +9,10 @@
 # COMMIT had them: the patch from here to there, opgen/ staying this tree's; - for none), then
 # takes them back out. No compile check here: the GPU run compiles the copies. stage_o_probe.py's
 # baseline, for one: `bash docs/profiling/render_copies.sh 5dd8f62 registers attention`.
-# Session 37's backward probes (docs/profiling/patches/), for next_gpu_run.sh's item 0:
-#     P=docs/profiling/patches
-#     bash docs/profiling/render_copies.sh $P/bwd-causal-descending.patch rev attention gqa
-#     bash docs/profiling/render_copies.sh $P/bwd-no-safe-memory.patch nosafe attention gqa
-#     bash docs/profiling/render_copies.sh $P/bwd-causal-descending.patch,$P/bwd-no-safe-memory.patch \
-#       both attention gqa
-#     SPEC_EDIT='/^bwd = { block_m = 128, block_n = 64, threads = 256/s/num_stages = [12]/num_stages = 3/' \
-#       bash docs/profiling/render_copies.sh - s3 attention gqa
+# Session 37's backward probes (patches since landed, run 162) were copies such as
+#     bash docs/profiling/render_copies.sh docs/profiling/patches/bwd-full-rotated.patch rot attention gqa
+# and session 38's window-1024 backward walking down a spec edit (the line of that entry's bwd):
+#     SPEC_EDIT='113s/ }$/, descending = true }/' bash docs/profiling/render_copies.sh - desc attention_sink
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ "$1" = - ]; then
