@@ -15,7 +15,20 @@
 # re-tunes (no change), ncu, the rotated full backward: right but 1.7x slower); session 38 an
 # H100 (runs 162-165: the backward probes, descending walks and no safe-memory pass landed,
 # tested, benched), then no start. Left, in this order:
-#   0. Why the window-1024 backward (1.04x FlexAttention) is 1.34x slower walking down (run 164)
+#   0. The descending causal backward launched key blocks fastest (as full grids are), so that a
+#      head's blocks all walk down from its last query block in step: the MHA causal backward
+#      reads 3x the DRAM of the full one per unit of work (run 154) because heads fastest puts
+#      ~2 key blocks of a head in flight, against all of them in a full grid; with GQA in_block
+#      ~8 are, which is why walking down helped there (-12%) and not in MHA. The price: a head's
+#      longest block may launch late (run 148's tail, measured walking up). On the CPU machine
+#      `P=docs/profiling/patches/bwd-descending-blocks-fastest.patch; SPEC_EDIT='76s/ }$/,
+#      descending = true }/;90s/ }$/, descending = true }/' bash docs/profiling/render_copies.sh
+#      $P bf attention; bash docs/profiling/render_copies.sh $P bf gqa attention_sink` (check
+#      lines 76 and 90 are attention's causal bwd entries), then one call: `MASK=causal bash
+#      docs/profiling/rows_ab.sh attention attention_bf gqa gqa_bf attention_sink
+#      attention_sink_bf` (~300 s). If it wins, the grid rule goes into launch_grid (one place)
+#      and the tests run before the spec entries change.
+#   1. Why the window-1024 backward (1.04x FlexAttention) is 1.34x slower walking down (run 164)
 #      when the causal one is 15% faster: the two at ncu. On the CPU machine
 #      `SPEC_EDIT='113s/ }$/, descending = true }/' bash docs/profiling/render_copies.sh - desc
 #      attention_sink` (check that line is the max_window = 1024 entry's bwd), then one call:
@@ -24,11 +37,11 @@
 #      docs/profiling/ncu_attention.py $p & done; wait; WINDOW=1024 bash
 #      docs/profiling/next_gpu_run.sh ncu attention_sink causal attention_sink_desc causal`
 #      (the first loop fills TileLang's cache; compare L2 hit rate, DRAM bytes, stalls).
-#   1. On the H200 (an H100 came in every call of sessions 35-38): `PREBUILD=1 bash
+#   2. On the H200 (an H100 came in every call of sessions 35-38): `PREBUILD=1 bash
 #      docs/profiling/next_gpu_run.sh bench attention attention_sink gqa`.
-#   2. `opgen tune --phases bwd` of the causal entries not yet timed walking down (attention D64
+#   3. `opgen tune --phases bwd` of the causal entries not yet timed walking down (attention D64
 #      and D128 were level or slower in run 162; gqa D64, attention_sink D64 untimed).
-#   3. The D128 backward (0.82x cuDNN full, GQA 0.89x on an H100): what keeps two consumer
+#   4. The D128 backward (0.82x cuDNN full, GQA 0.89x on an H100): what keeps two consumer
 #      warpgroups from overlapping each other's GEMM waits (run 159's stall profile).
 #      The causal D128 forward (0.81-0.89x): where its per-block fixed cost goes,
 #      `NCU_KERNELS=^fwd_kernel bash docs/profiling/next_gpu_run.sh source attention causal`
