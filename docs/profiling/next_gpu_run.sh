@@ -21,17 +21,17 @@
 #      ~2 key blocks of a head in flight, against all of them in a full grid; with GQA in_block
 #      ~8 are, which is why walking down helped there (-12%) and not in MHA. The price: a head's
 #      longest block may launch late (run 148's tail, measured walking up). On the CPU machine
-#      `P=docs/profiling/patches/bwd-descending-blocks-fastest.patch; SPEC_EDIT='76s/ }$/,
-#      descending = true }/;90s/ }$/, descending = true }/' bash docs/profiling/render_copies.sh
-#      $P bf attention; bash docs/profiling/render_copies.sh $P bf gqa attention_sink` (check
-#      lines 76 and 90 are attention's causal bwd entries), then one call: `MASK=causal bash
+#      `P=docs/profiling/patches/bwd-descending-blocks-fastest.patch; SPEC_EDIT='/^causal =
+#      true/,/^bwd/s/^\(bwd = .*\) }$/\1, descending = true }/' bash
+#      docs/profiling/render_copies.sh $P bf attention; bash docs/profiling/render_copies.sh $P bf
+#      gqa attention_sink` (every causal entry of attention walking down), then one call: `MASK=causal bash
 #      docs/profiling/rows_ab.sh attention attention_bf gqa gqa_bf attention_sink
 #      attention_sink_bf` (~300 s). If it wins, the grid rule goes into launch_grid (one place)
 #      and the tests run before the spec entries change.
 #   1. Why the window-1024 backward (1.04x FlexAttention) is 1.34x slower walking down (run 164)
 #      when the causal one is 15% faster: the two at ncu. On the CPU machine
-#      `SPEC_EDIT='113s/ }$/, descending = true }/' bash docs/profiling/render_copies.sh - desc
-#      attention_sink` (check that line is the max_window = 1024 entry's bwd), then one call:
+#      `SPEC_EDIT='/^max_window = 1024/,/^bwd/s/^\(bwd = .*\) }$/\1, descending = true }/' bash
+#      docs/profiling/render_copies.sh - desc attention_sink` (that entry walking down), then one call:
 #      `export PYTHONPATH=$PYTHONPATH:$(pwd)/.prof/site TILELANG_DEFAULT_TARGET='{"kind": "cuda",
 #      "arch": "sm_90a"}'; for p in attention_sink attention_sink_desc; do WINDOW=1024 python
 #      docs/profiling/ncu_attention.py $p & done; wait; WINDOW=1024 bash

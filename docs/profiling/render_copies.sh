@@ -11,8 +11,9 @@
 # baseline, for one: `bash docs/profiling/render_copies.sh 5dd8f62 registers attention`.
 # Session 37's backward probes (patches since landed, run 162) were copies such as
 #     bash docs/profiling/render_copies.sh docs/profiling/patches/bwd-full-rotated.patch rot attention gqa
-# and session 38's window-1024 backward walking down a spec edit (the line of that entry's bwd):
-#     SPEC_EDIT='113s/ }$/, descending = true }/' bash docs/profiling/render_copies.sh - desc attention_sink
+# and session 38's window-1024 backward walking down a spec edit:
+#     SPEC_EDIT='/^max_window = 1024/,/^bwd/s/^\(bwd = .*\) }$/\1, descending = true }/' \
+#       bash docs/profiling/render_copies.sh - desc attention_sink
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ "$1" = - ]; then
