@@ -737,7 +737,8 @@ def attention_bwd(
     adds to have read the stage is put off to the next step, where the stage is long read.
     descending: the query blocks are walked from the last one down. Under a causal mask the blocks
     of a head start at different query blocks (their diagonals) and all end at the last: walking
-    down keeps the blocks that run together on the same q and dO tiles and dQ rows.
+    down can keep the blocks that run together on the same q and dO tiles and dQ rows (in L2);
+    the tuned tiling says where it does.
     """
     batch, seq_len = runtime_dims()
     scale = softmax_scale * LOG2E
