@@ -40,7 +40,10 @@
 #   2. On the H200 (an H100 came in every call of sessions 35-38): `PREBUILD=1 bash
 #      docs/profiling/next_gpu_run.sh bench attention attention_sink gqa`.
 #   3. `opgen tune --phases bwd` of the causal entries not yet timed walking down (attention D64
-#      and D128 were level or slower in run 162; gqa D64, attention_sink D64 untimed).
+#      and D128 were level or slower in run 162; gqa D64, attention_sink D64 untimed), one call
+#      each (a causal entry's bwd space is 58-70 candidates since descending joined it):
+#      `TUNE_ARGS="--phases bwd --head-dims 64 --windows 0" bash docs/profiling/next_gpu_run.sh
+#      tune gqa` (then attention_sink).
 #   4. The D128 backward (0.82x cuDNN full, GQA 0.89x on an H100): what keeps two consumer
 #      warpgroups from overlapping each other's GEMM waits (run 159's stall profile).
 #      The causal D128 forward (0.81-0.89x): where its per-block fixed cost goes,
