@@ -15,19 +15,20 @@
 # re-tunes (no change), ncu, the rotated full backward: right but 1.7x slower); session 38 an
 # H100 (runs 162-165: the backward probes, descending walks and no safe-memory pass landed,
 # tested, benched), then no start. Left, in this order:
-#   0. The descending causal backward launched key blocks fastest (as full grids are), so that a
-#      head's blocks all walk down from its last query block in step: the MHA causal backward
-#      reads 3x the DRAM of the full one per unit of work (run 154) because heads fastest puts
-#      ~2 key blocks of a head in flight, against all of them in a full grid; with GQA in_block
-#      ~8 are, which is why walking down helped there (-12%) and not in MHA. The price: a head's
-#      longest block may launch late (run 148's tail, measured walking up). On the CPU machine
-#      `P=docs/profiling/patches/bwd-descending-blocks-fastest.patch; SPEC_EDIT='/^causal =
-#      true/,/^bwd/s/^\(bwd = .*\) }$/\1, descending = true }/' bash
-#      docs/profiling/render_copies.sh $P bf attention; bash docs/profiling/render_copies.sh $P bf
-#      gqa attention_sink` (every causal entry of attention walking down), then one call: `MASK=causal bash
-#      docs/profiling/rows_ab.sh attention attention_bf gqa gqa_bf attention_sink
-#      attention_sink_bf` (~300 s). If it wins, the grid rule goes into launch_grid (one place)
-#      and the tests run before the spec entries change.
+#   0. The causal backward launching a few heads at a time (key blocks longest first within
+#      them) instead of every head of a batch: docs/profiling/walk_order_model.py (an LRU replay
+#      of the steps' q, dO and dQ tiles, which ranks run 162's and 164's walk results as
+#      measured) puts the MHA causal backward's traffic at up to 2.2x its floor with the
+#      shipped order and at the floor with 4 or 8 heads at a time (both at the ideal makespan),
+#      depending on how much of the L2 the tiles really get; key blocks fastest (1 at a time)
+#      costs 6-28% makespan (GQA worst), so that patch was dropped. On the CPU machine
+#      `P=docs/profiling/patches/bwd-heads-at-once.patch; bash docs/profiling/render_copies.sh
+#      $P h4 attention gqa attention_sink; bash docs/profiling/render_copies.sh $P h8 attention;
+#      sed -i 's/^BWD_HEADS_AT_ONCE = 4$/BWD_HEADS_AT_ONCE = 8/' generated/attention_h8/kernels.py`
+#      (their kernels lower on the CPU), then one call: `MASK=causal bash
+#      docs/profiling/rows_ab.sh attention attention_h4 attention_h8 gqa gqa_h4 attention_sink
+#      attention_sink_h4` (~350 s). What wins becomes a bwd tiling field (heads at once, per
+#      entry) with its tests, as descending did.
 #   1. Why the window-1024 backward (1.04x FlexAttention) is 1.34x slower walking down (run 164)
 #      when the causal one is 15% faster: the two at ncu. On the CPU machine
 #      `SPEC_EDIT='/^max_window = 1024/,/^bwd/s/^\(bwd = .*\) }$/\1, descending = true }/' bash
