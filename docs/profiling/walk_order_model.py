@@ -10,7 +10,7 @@ in_block dK/dV) of one batch at a time, key blocks longest first within them, th
 slowest: n = every head is the shipped causal grid (heads fastest), n = 1 key blocks fastest
 (the full grid's). A model, not a measurement: no bandwidth, no latency, no hardware replacement
 policy; what it is for is ranking orders before a GPU call.
-`python docs/profiling/walk_order_model.py`
+`python docs/profiling/walk_order_model.py [L2 MB]` (50 by default; the tiles may get less of it).
 
 Checked against the H100: with the shipped grid it puts walking down ahead for GQA causal
 (11.9 against 39.8 KB a step; run 162: 11-12% faster) and far behind at window 1024 (25.2
@@ -101,6 +101,10 @@ CASES = {
 }
 
 if __name__ == "__main__":
+    import sys
+
+    L2_BYTES = int(sys.argv[1]) * 2**20 if len(sys.argv) > 1 else L2_BYTES
+    print(f"L2 of {L2_BYTES >> 20} MB")
     print("case | head blocks at a time | walking up: DRAM KB a step, makespan / ideal | walking down")
     for name, case in CASES.items():
         for n in (1, 2, 4, 8, 16):
