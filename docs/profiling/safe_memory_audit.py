@@ -1,6 +1,7 @@
 """Which guards TileLang's safe-memory pass adds to a package's backward kernels: every bwd compile
-job of the given specs lowered (CPU, sm_90a) with and without `tl.disable_safe_memory_legalize`,
-and the guard lines that only the default lowering has, by job and (deduplicated) over all jobs:
+job of the given specs lowered (CPU, sm_90a) with the pass and without it
+(`tl.disable_safe_memory_legalize`, whatever the factory's own pass configs say), and the guard
+lines that only the lowering with the pass has, by job and (deduplicated) over all jobs:
 
     python docs/profiling/safe_memory_audit.py [-j 2] specs/attention.toml specs/gqa.toml ...
 
@@ -29,9 +30,9 @@ def lower(kernels_path, job, disable):
     from opgen.compile import _load  # the compile check's loader: each kernels.py once a process
 
     factory = getattr(_load(kernels_path), job.factory)
-    config = dict(factory.pass_configs or {})
-    if disable:
-        config[KEY] = True
+    # Set both ways: the bwd factory turns the pass off itself since session 38, and the default
+    # lowering must run it for the comparison to mean anything.
+    config = {**(factory.pass_configs or {}), KEY: disable}
     func = factory.get_tir(*job.args, **job.tiling)
     with transform.PassContext(opt_level=3, config=config), Target(TARGET):
         source = tilelang.lower(func, target=TARGET).kernel_source
