@@ -130,7 +130,8 @@ def emulations(name, sinks):
             p = torch.exp(s - lse[:, :, :seq_len, None] * LN2)
             dp = dob @ vb.repeat_interleave(groups, dim=1).transpose(-1, -2)
             ds = p * (dp - delta[:, :, :seq_len, None])
-            bhsd(dq, layout)[:, :, :seq_len] += ds @ kb.repeat_interleave(groups, dim=1) * scale
+            # dQ unscaled, as the kernel's dS leaves the scale out: the postprocess applies it.
+            bhsd(dq, layout)[:, :, :seq_len] += ds @ kb.repeat_interleave(groups, dim=1)
             per_head = {"dK": ds.transpose(-1, -2) @ qb * scale, "dV": p.transpose(-1, -2) @ dob}
             for label, buffer, reduction in (("dK", dk, dk_reduction), ("dV", dv, dv_reduction)):
                 shape, buffer_dtype = dkv_shape(layout, reduction, batch, heads, kv_heads, seq_len, dim, dtype)
@@ -149,14 +150,14 @@ def emulations(name, sinks):
 
         return run
 
-    def postprocess(heads, kv_heads, dim, layout, dtype, dk_reduction, dv_reduction, **tiling):
+    def postprocess(heads, kv_heads, dim, layout, dtype, scale, dk_reduction, dv_reduction, **tiling):
         groups = heads // kv_heads
 
         def run(dq, dq_out, *dkv):
             batch, seq_len = dq_out.shape[0], bhsd(dq_out, layout).shape[2]
             check(dq, shape_of(layout, batch, heads, padded(seq_len), dim), torch.float32)
             check(dq_out, shape_of(layout, batch, heads, seq_len, dim), getattr(torch, dtype))
-            bhsd(dq_out, layout).copy_(bhsd(dq, layout)[:, :, :seq_len])
+            bhsd(dq_out, layout).copy_(bhsd(dq, layout)[:, :, :seq_len] * scale)
             assert (len(dkv) == 4) == (dk_reduction not in ("direct", "in_block")), (
                 "dK/dV buffers: finish them or not")
             for buffer, out, reduction in zip(dkv[::2], dkv[1::2], (dk_reduction, dv_reduction)):

@@ -42,7 +42,7 @@ def lowered():
         "preprocess split": lower(gqa.gqa_bwd_preprocess,
                                   (32, 8, 128, "bshd", "bfloat16", "split", "split"), TILING["preprocess"]),
         "postprocess split": lower(gqa.gqa_bwd_postprocess,
-                                   (32, 8, 128, "bshd", "bfloat16", "split", "split"), TILING["postprocess"]),
+                                   (32, 8, 128, "bshd", "bfloat16", 0.125, "split", "split"), TILING["postprocess"]),
         "dsinks": lower(sink.attention_sink_bwd_dsinks, (32,), TILING["dsinks"]),
     }
 
@@ -181,7 +181,7 @@ def test_the_postprocess_reads_dq_in_the_layout_of_the_bwd_kernel():
     16-byte chunks are swizzled (an XOR in every dQ index), else in the fragment order of the
     atomics (no XOR)."""
     gqa = import_generated("gqa", "kernels")
-    args = (32, 8, 128, "bshd", "bfloat16", "in_block", "in_block")
+    args = (32, 8, 128, "bshd", "bfloat16", 0.125, "in_block", "in_block")
 
     def dq_reads(source):
         return [line for line in source.splitlines() if re.search(r"\bdQ( \+ |\[)", line)]
@@ -190,6 +190,22 @@ def test_the_postprocess_reads_dq_in_the_layout_of_the_bwd_kernel():
     fragments = dq_reads(lower(gqa.gqa_bwd_postprocess, args, TILING["postprocess"]))
     assert tiled and all("^" in line for line in tiled), tiled
     assert fragments and not any("^" in line for line in fragments), fragments
+
+
+def test_the_softmax_scale_multiplies_dk_at_its_store_and_dq_in_the_postprocess():
+    """dS leaves the softmax scale out (a multiply per element of every step): the backward
+    multiplies dK by it once, after its walk, and the postprocess multiplies dQ as it casts it.
+    0.125 is 0x1p-3f in the CUDA source; the scores' exp2 uses 0.125 * LOG2E, another constant."""
+    gqa = import_generated("gqa", "kernels")
+    tiling = {"block_m": 128, "block_n": 64, "threads": 256, "num_stages": 2}
+    bwd = lower(gqa.gqa_bwd, (32, 8, 128, True, 0, "bshd", "bfloat16", 0.125, "in_block", "in_block"), tiling)
+    assert bwd.count("0x1p-3f") == 1, "one multiply by the scale"
+    scaled = bwd.index("0x1p-3f")
+    assert bwd.rindex("for (int step") < scaled < bwd.index("tma_store(dK_desc"), (
+        "dK takes the scale after the walk's steps, before its store")
+    postprocess = lower(gqa.gqa_bwd_postprocess, (32, 8, 128, "bshd", "bfloat16", 0.125, "in_block", "in_block"),
+                        TILING["postprocess"])
+    assert re.search(r"\(\(bfloat16_t\)\(.* \* 0x1p-3f", postprocess), "dQ scaled as it is cast"
 
 
 def test_code_without_comments_and_docstrings_lowers_to_the_same_cuda(tmp_path):

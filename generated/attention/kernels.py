@@ -730,7 +730,8 @@ def attention_bwd(
     group, so the group's dK/dV sum in its registers: grid dim 1 is kv_heads.
     dQ (fp32, atomic target zeroed by the preprocess, padded_rows rows) and the dK/dV buffers of
     `dkv_buffer` are passed in.
-    softmax_scale: the forward's (P is recomputed from lse with it; dS carries it into dQ, dK).
+    softmax_scale: the forward's. P is recomputed from lse with it; dS leaves it out (one multiply
+    an element of every step saved): dK takes it once at its store, dQ in the postprocess.
     blocks_per_sm=2 (threads 128): two blocks share an SM (split_registers).
     bulk_dq: each step's dQ tile is staged in shared memory and added into the accumulator (laid
     out in DQ_TILE-row tiles) by bulk reduce-adds that one thread issues; the wait for a step's
@@ -875,7 +876,7 @@ def attention_bwd(
                 T.gemm(qkT_cast, do, dv, policy=T.GemmWarpPolicy.FullRow)
                 T.copy(Delta[bz, h, k * block_n : (k + 1) * block_n], delta)
                 for i, j in T.Parallel(block_m, block_n):
-                    dsT_cast[i, j] = qkT[i, j] * (dsT[i, j] - delta[j]) * softmax_scale
+                    dsT_cast[i, j] = qkT[i, j] * (dsT[i, j] - delta[j])
                 T.gemm(dsT_cast, q, dk, policy=T.GemmWarpPolicy.FullRow)
                 if bulk_dq:
                     if tx == 0:
@@ -900,6 +901,8 @@ def attention_bwd(
                 if tx == 0:
                     T.tma_store_wait(0, read=False)  # every add done before the block ends
             store_dkv(dv, dv_shared, dV, dv_reduction, bx, by, bz)
+            for i, j in T.Parallel(block_m, dim):
+                dk[i, j] *= softmax_scale  # the scale dS left out
             store_dkv(dk, dk_shared, dK, dk_reduction, bx, by, bz)
 
     return bwd
@@ -907,11 +910,22 @@ def attention_bwd(
 
 @tilelang.jit
 def attention_bwd_postprocess(
-    heads, kv_heads, dim, layout, dtype, dk_reduction, dv_reduction, block_m, threads, bulk_dq=False
+    heads,
+    kv_heads,
+    dim,
+    layout,
+    dtype,
+    softmax_scale,
+    dk_reduction,
+    dv_reduction,
+    block_m,
+    threads,
+    bulk_dq=False,
 ):
-    """cast the fp32 dQ accumulator (laid out as the bwd kernel wrote it: by fragments, or by 16-row tiles with bulk_dq) to the input dtype; split or atomic dK/dV: finished from their fp32 buffers too. Grid (ceildiv(seq_len, block_m), heads (+ kv_heads: split or atomic dK/dV), batch).
+    """scale the fp32 dQ accumulator (laid out as the bwd kernel wrote it: by fragments, or by 16-row tiles with bulk_dq) by softmax_scale, which the bwd kernel's dS leaves out, and cast it to the input dtype; split or atomic dK/dV: finished from their fp32 buffers too. Grid (ceildiv(seq_len, block_m), heads (+ kv_heads: split or atomic dK/dV), batch).
 
-    Blocks by < heads cast query head by of the fp32 dQ accumulator. Where the bwd kernel leaves
+    Blocks by < heads cast query head by of the fp32 dQ accumulator, times softmax_scale (the bwd
+    kernel's dS leaves it out). Where the bwd kernel leaves
     dK and dV in fp32 buffers (split or atomic), kv_heads more blocks finish KV head by - heads of both:
     a split buffer's per-head partials summed in a fixed order (deterministic), an atomic one's
     sum as it is, cast to dtype. One launch for every gradient the bwd kernel leaves in fp32.
@@ -938,7 +952,9 @@ def attention_bwd_postprocess(
             row = bx * block_m + i
             if row < seq_len:
                 T.buffer_store(
-                    dQ_out, T.cast(elem(dQ, bz, by, row, j), dtype), index(bz, by, row, j)
+                    dQ_out,
+                    T.cast(elem(dQ, bz, by, row, j) * softmax_scale, dtype),
+                    index(bz, by, row, j),
                 )
 
     if dk_reduction in WRITTEN_BY_BWD and dv_reduction in WRITTEN_BY_BWD:

@@ -761,8 +761,9 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
                       "the first two swapped (heads fastest: the longest blocks launch first)",
                       t.bwd, None),
         "postprocess": kernel("postprocess", "bwd_postprocess", "bwd_postprocess",
-                              "cast the fp32 dQ accumulator (laid out as the bwd kernel wrote it: by "
-                              f"fragments, or by {DQ_TILE}-row tiles with bulk_dq) to the input dtype; "
+                              "scale the fp32 dQ accumulator (laid out as the bwd kernel wrote it: by "
+                              f"fragments, or by {DQ_TILE}-row tiles with bulk_dq) by softmax_scale, "
+                              "which the bwd kernel's dS leaves out, and cast it to the input dtype; "
                               "split or atomic dK/dV: finished from their fp32 buffers too",
                               "(ceildiv(seq_len, block_m), heads (+ kv_heads: split or atomic dK/dV), batch)",
                               t.postprocess, (1,)),
@@ -962,7 +963,7 @@ def _compile_jobs(spec, kernels, tuned, chosen, test_cases, mask_cases) -> tuple
                                    f"{k.phase} {tag} {modes}"))
             k = kernels["postprocess"]
             for bulk in sorted(bulk_dq):
-                jobs.append(CompileJob(k.factory, (g, 1, dim, layout, dtype, dk, dv),
+                jobs.append(CompileJob(k.factory, (g, 1, dim, layout, dtype, scale, dk, dv),
                                        postprocess_tiling(k.tiling, bulk),
                                        f"{k.phase} {tag} {modes}" + (" bulk_dq" if bulk else "")))
     if "dsinks" in kernels:

@@ -337,7 +337,7 @@ def variant_calls(
         ),
         "postprocess": (
             attention_recompute_bwd_postprocess,
-            (heads, kv_heads, head_dim, layout, dtype, dk_reduction, dv_reduction),
+            (heads, kv_heads, head_dim, layout, dtype, softmax_scale, dk_reduction, dv_reduction),
             postprocess_tiling(POSTPROCESS_TILING, bwd_tiling.get("bulk_dq", False)),
         ),
     }
