@@ -14,40 +14,24 @@
 # launch order A/B); session 37 an H100 (runs 152-161: the forward's grid tested, benches, D128
 # re-tunes (no change), ncu, the rotated full backward: right but 1.7x slower); session 38 an
 # H100 (runs 162-165: the backward probes, descending walks and no safe-memory pass landed,
-# tested, benched), then no start. Left, in this order:
-#   0. The causal backward launching a few heads at a time (key blocks longest first within
-#      them) instead of every head of a batch: docs/profiling/walk_order_model.py (an LRU replay
-#      of the steps' q, dO and dQ tiles, which ranks run 162's and 164's walk results as
-#      measured) puts the MHA causal backward's traffic at up to 2.2x its floor with the
-#      shipped order and at the floor with 4 or 8 heads at a time (both at the ideal makespan),
-#      depending on how much of the L2 the tiles really get; key blocks fastest (1 at a time)
-#      costs 6-28% makespan (GQA worst), so that patch was dropped. On the CPU machine
-#      `P=docs/profiling/patches/bwd-heads-at-once.patch; bash docs/profiling/render_copies.sh
-#      $P h4 attention gqa attention_sink; bash docs/profiling/render_copies.sh $P h8 attention;
-#      sed -i 's/^BWD_HEADS_AT_ONCE = 4$/BWD_HEADS_AT_ONCE = 8/' generated/attention_h8/kernels.py`
-#      (their kernels lower on the CPU), then one call: `MASK=causal bash
-#      docs/profiling/rows_ab.sh attention attention_h4 attention_h8 gqa gqa_h4 attention_sink
-#      attention_sink_h4` (~350 s). What wins becomes a bwd tiling field (heads at once, per
-#      entry) with its tests, as descending did.
-#   1. Why the window-1024 backward (1.04x FlexAttention) is 1.34x slower walking down (run 164)
-#      when the causal one is 15% faster: the two at ncu. On the CPU machine
-#      `SPEC_EDIT='/^max_window = 1024/,/^bwd/s/^\(bwd = .*\) }$/\1, descending = true }/' bash
-#      docs/profiling/render_copies.sh - desc attention_sink` (that entry walking down), then one call:
-#      `export PYTHONPATH=$PYTHONPATH:$(pwd)/.prof/site TILELANG_DEFAULT_TARGET='{"kind": "cuda",
-#      "arch": "sm_90a"}'; for p in attention_sink attention_sink_desc; do WINDOW=1024 python
-#      docs/profiling/ncu_attention.py $p & done; wait; WINDOW=1024 bash
-#      docs/profiling/next_gpu_run.sh ncu attention_sink causal attention_sink_desc causal`
-#      (the first loop fills TileLang's cache; compare L2 hit rate, DRAM bytes, stalls).
-#   2. On the H200 (an H100 came in every call of sessions 35-38): `PREBUILD=1 bash
+# tested, benched), then no start; session 39 an H100 after two refused starts (runs 166-173:
+# heads at a time dropped, dS without the scale, three backward entries re-tuned). Left, in
+# this order:
+#   0. The tests of every attention package with dS without the softmax scale as landed (run
+#      173 tested attention and gqa copies of the probe; attention_sink's tests under it have not
+#      run), then the benches (one call, ~330 s cold): `PREBUILD_TIMEOUT=150 TESTS_TIMEOUT=300
+#      bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink`, then `bash
+#      docs/profiling/next_gpu_run.sh bench attention gqa attention_sink` (warm: ~110 s).
+#   1. Why the window-1024 backward (1.12x FlexAttention since run 167's 128x64 tiling, 1.5x the
+#      target) runs at 0.68x the causal one's TF/s (run 171): ncu of it against the causal entry,
+#      `WINDOW=1024 python docs/profiling/ncu_attention.py attention_sink` to fill TileLang's
+#      cache, then `WINDOW=1024 bash docs/profiling/next_gpu_run.sh ncu attention_sink causal`
+#      (compare L2 hit rate, DRAM bytes, stalls with run 154's causal profile).
+#   2. On the H200 (an H100 came in every call of sessions 35-39): `PREBUILD=1 bash
 #      docs/profiling/next_gpu_run.sh bench attention attention_sink gqa`.
-#   3. `opgen tune --phases bwd` of the causal entries not yet timed walking down (attention D64
-#      and D128 were level or slower in run 162; gqa D64, attention_sink D64 untimed), one call
-#      each (a causal entry's bwd space is 58-70 candidates since descending joined it):
-#      `TUNE_ARGS="--phases bwd --head-dims 64 --windows 0" bash docs/profiling/next_gpu_run.sh
-#      tune gqa` (then attention_sink).
-#   4. The D128 backward (0.82x cuDNN full, GQA 0.89x on an H100): what keeps two consumer
-#      warpgroups from overlapping each other's GEMM waits (run 159's stall profile).
-#      The causal D128 forward (0.81-0.89x): where its per-block fixed cost goes,
+#   3. The D128 backward (0.83x cuDNN full, GQA full ~0.91x after dS lost its scale): what keeps
+#      two consumer warpgroups from overlapping each other's GEMM waits (run 159's stall profile).
+#      The causal D128 forward (0.81-0.93x): where its per-block fixed cost goes,
 #      `NCU_KERNELS=^fwd_kernel bash docs/profiling/next_gpu_run.sh source attention causal`
 #      (10 s; run 154 has its ncu).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v

@@ -16,7 +16,9 @@ Checked against the H100: with the shipped grid it puts walking down ahead for G
 (11.9 against 39.8 KB a step; run 162: 11-12% faster) and far behind at window 1024 (25.2
 against 4.3; run 164: 1.34x slower), and MHA D128 causal level-ish (6.8 against 3.9; run 162:
 level), with the causal MHA backward at ~2x the full one's traffic (run 154: 3x the DRAM reads
-per unit of work).
+per unit of work). Where it was wrong: it put 4 or 8 heads at a time at the MHA causal
+backward's traffic floor, and run 166 measured 1.5% faster on MHA D128 and 3% slower with
+grouped heads; traffic alone does not rank orders whose makespans differ little.
 """
 
 import heapq
