@@ -201,7 +201,8 @@ def test_the_softmax_scale_multiplies_dk_at_its_store_and_dq_in_the_postprocess(
     bwd = lower(gqa.gqa_bwd, (32, 8, 128, True, 0, "bshd", "bfloat16", 0.125, "in_block", "in_block"), tiling)
     assert bwd.count("0x1p-3f") == 1, "one multiply by the scale"
     scaled = bwd.index("0x1p-3f")
-    assert bwd.rindex("for (int step") < scaled < bwd.index("tma_store(dK_desc"), (
+    # The walk's steps end with dQ's atomics: the multiply comes after the last of them.
+    assert bwd.rindex("AtomicAdd((&(dQ[") < scaled < bwd.index("tma_store(dK_desc"), (
         "dK takes the scale after the walk's steps, before its store")
     postprocess = lower(gqa.gqa_bwd_postprocess, (32, 8, 128, "bshd", "bfloat16", 0.125, "in_block", "in_block"),
                         TILING["postprocess"])

@@ -921,10 +921,9 @@ def attention_tuned_bwd_postprocess(
     """scale the fp32 dQ accumulator (laid out as the bwd kernel wrote it: by fragments, or by 16-row tiles with bulk_dq) by softmax_scale, which the bwd kernel's dS leaves out, and cast it to the input dtype; split or atomic dK/dV: finished from their fp32 buffers too. Grid (ceildiv(seq_len, block_m), heads (+ kv_heads: split or atomic dK/dV), batch).
 
     Blocks by < heads cast query head by of the fp32 dQ accumulator, times softmax_scale (the bwd
-    kernel's dS leaves it out). Where the bwd kernel leaves
-    dK and dV in fp32 buffers (split or atomic), kv_heads more blocks finish KV head by - heads of both:
-    a split buffer's per-head partials summed in a fixed order (deterministic), an atomic one's
-    sum as it is, cast to dtype. One launch for every gradient the bwd kernel leaves in fp32.
+    kernel's dS leaves it out). Where the bwd kernel leaves dK and dV in fp32 buffers (split or
+    atomic), kv_heads more blocks finish KV head by - heads of both: a split buffer's per-head
+    partials summed in a fixed order (deterministic), an atomic one's sum as it is, cast to dtype. One launch for every gradient the bwd kernel leaves in fp32.
     """
     batch, seq_len = runtime_dims()
     groups = heads // kv_heads
