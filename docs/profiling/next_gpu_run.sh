@@ -22,14 +22,22 @@
 #      run), then the benches (one call, ~330 s cold): `PREBUILD_TIMEOUT=150 TESTS_TIMEOUT=300
 #      bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink`, then `bash
 #      docs/profiling/next_gpu_run.sh bench attention gqa attention_sink` (warm: ~110 s).
-#   1. Why the window-1024 backward (1.12x FlexAttention since run 167's 128x64 tiling, 1.5x the
+#   1. The forward with its two consumer warpgroups taking turns at the tensor cores (FA3's
+#      ping-pong, written out with T.ws, named barriers and a producer warp):
+#      `python docs/profiling/pingpong_fwd.py > $OUT/pingpong.log 2>&1` (~2 min: it checks O and
+#      lse against the shipped forward and times both, MHA and GQA, full and causal, D128 and
+#      D64). It lowers and compiles for sm_90a without ptxas serializing a WGMMA
+#      (`python docs/profiling/pingpong_fwd.py lower` on the CPU); never run on a GPU yet. If it
+#      is right and faster, the template's forward gets it as a tiling option (then the same
+#      turn-taking for the backward's two warpgroups, item 4).
+#   2. Why the window-1024 backward (1.12x FlexAttention since run 167's 128x64 tiling, 1.5x the
 #      target) runs at 0.68x the causal one's TF/s (run 171): ncu of it against the causal entry,
 #      `WINDOW=1024 python docs/profiling/ncu_attention.py attention_sink` to fill TileLang's
 #      cache, then `WINDOW=1024 bash docs/profiling/next_gpu_run.sh ncu attention_sink causal`
 #      (compare L2 hit rate, DRAM bytes, stalls with run 154's causal profile).
-#   2. On the H200 (an H100 came in every call of sessions 35-39): `PREBUILD=1 bash
+#   3. On the H200 (an H100 came in every call of sessions 35-39): `PREBUILD=1 bash
 #      docs/profiling/next_gpu_run.sh bench attention attention_sink gqa`.
-#   3. The D128 backward (0.83x cuDNN full, GQA full ~0.91x after dS lost its scale): what keeps
+#   4. The D128 backward (0.83x cuDNN full, GQA full ~0.91x after dS lost its scale): what keeps
 #      two consumer warpgroups from overlapping each other's GEMM waits (run 159's stall profile).
 #      The causal D128 forward (0.81-0.93x): where its per-block fixed cost goes,
 #      `NCU_KERNELS=^fwd_kernel bash docs/profiling/next_gpu_run.sh source attention causal`
