@@ -251,10 +251,10 @@ def lower_all():
 
 def check_and_time():
     """On the GPU: O and lse against the shipped forward, then both timed in turn."""
+    import importlib
+
     import torch
     import triton.testing
-
-    import importlib
 
     for name, b, h, kv, s, d, causal, dtype in CASES:
         package = "attention" if h == kv else "gqa"  # each with its own tuned tilings
