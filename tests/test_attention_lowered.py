@@ -299,3 +299,87 @@ def test_descending_backward_walks_its_query_blocks_from_the_last_one_down():
 
     assert set(query_rows(False)) == {"((((int)blockIdx.y) * 128) + (query_step * 64))"}
     assert set(query_rows(True)) == {"(((((seq_len + 63) >> 6) * 64) - (query_step * 64)) - 64)"}
+
+
+def consumer_sections(source):
+    """The code of consumer warpgroups 0 and 1 of a ping-pong forward, in order."""
+    first = source.index("if (((int)threadIdx.x) < 128) {")
+    second = source.index("if ((128 <= ((int)threadIdx.x)) && (((int)threadIdx.x) < 256)) {")
+    return source[first:second], source[second:]
+
+
+def test_the_pingpong_forward_has_its_two_warpgroups_take_turns_at_the_tensor_cores():
+    """pingpong: two consumer warpgroups of 64 query rows (240 registers each) and a producer
+    warpgroup (24) whose one warp loads the tiles by TMA, 384 threads in all. Before each key
+    block's GEMMs warpgroup 0 waits on named barrier 1 and, once they are issued, arrives at
+    barrier 2, on which warpgroup 1 waits; warpgroup 1 the other way round, arriving at barrier 1
+    once before its first wait so that warpgroup 0 goes first. The one block-wide barrier is the
+    mbarriers' set-up, before the warpgroups part."""
+    gqa = import_generated("gqa", "kernels")
+    args = (32, 8, 128, True, 0, "bshd", "bfloat16", 0.125)
+    tiling = {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2, "pingpong": True}
+    source = lower(gqa.gqa_fwd, args, tiling)
+    assert source.startswith("__launch_bounds__(384, 1) fwd_pingpong_kernel("), source[:60]
+    assert source.count("__syncthreads()") == 1
+    assert source.index("__syncthreads()") < source.index("if (256 <= ((int)threadIdx.x)) {")
+    assert "tl::tma_load(Q_desc" in source and "tl::tma_load(K_desc" in source
+    for w, section in enumerate(consumer_sections(source)):
+        mine, other = 1 + w, 2 - w
+        assert "tl::warpgroup_reg_alloc<240>();" in section
+        waits = [m.start() for m in re.finditer(rf"__sync_thread_partial\({mine}, 256\)", section)]
+        issues = [m.start() for m in re.finditer(r"tl::wgmma_ss<", section)]
+        arrivals = [m.start() for m in re.finditer(rf"__named_barrier_arrive\({other}, 256\)", section)]
+        # The first key block alone, then the loop: a wait, its GEMMs, an arrival, each time.
+        assert len(waits) == 2 and len(arrivals) == 2 + w, (w, waits, arrivals)
+        assert "__sync_thread_partial(" + str(other) not in section
+        first_wait, loop_wait = waits
+        assert first_wait < issues[0] < arrivals[w] < loop_wait, w
+        assert any(loop_wait < i < arrivals[w + 1] for i in issues), w
+    # Warpgroup 1's first arrival comes before its first wait.
+    one = consumer_sections(source)[1]
+    assert one.index("__named_barrier_arrive(1, 256)") < one.index("__sync_thread_partial(2, 256)")
+
+
+def test_a_windowed_call_of_a_pingpong_tiling_runs_the_overlapped_forward():
+    """The ping-pong forward is built for calls without a window: a sliding-window call of a
+    tiling with pingpong gets the overlapped forward, the very kernel of overlap = true."""
+    sink = import_generated("attention_sink", "kernels")
+    args = (32, 8, 128, True, 2048, "bshd", "bfloat16", 0.125)
+    tiling = {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2}
+    windowed = lower(sink.attention_sink_fwd, args, {**tiling, "pingpong": True})
+    assert "fwd_pingpong_kernel" not in windowed
+    assert windowed == lower(sink.attention_sink_fwd, args, {**tiling, "overlap": True})
+    unwindowed = lower(sink.attention_sink_fwd, (*args[:4], 0, *args[5:]), {**tiling, "pingpong": True})
+    assert "fwd_pingpong_kernel" in unwindowed
+
+
+def test_the_pingpong_forward_compiles_with_no_wgmma_serialized(tmp_path):
+    """ptxas keeps every WGMMA of the ping-pong forward asynchronous: a register a WGMMA reads,
+    written between two issues, or a barrier's wait loop between them, makes it serialize all of
+    them (warning C7513 or C7512), and the two warpgroups' GEMMs would no longer overlap the
+    softmax. No spills either."""
+    import subprocess
+
+    import tilelang
+    from tvm import transform
+    from tvm.target import Target
+
+    gqa = import_generated("gqa", "kernels")
+    tiling = {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2, "pingpong": True}
+    func = gqa.gqa_fwd.get_tir(32, 8, 128, True, 0, "bshd", "bfloat16", 0.125, **tiling)
+    # The kernel's own pass configs (its barriers are its own) with the factory's.
+    configs = {**dict(func.attrs["tilelang_pass_configs"]), **gqa.gqa_fwd.pass_configs}
+    target = {"kind": "cuda", "arch": "sm_90a"}
+    with transform.PassContext(opt_level=3, config=configs), Target(target):
+        source = tilelang.lower(func, target=target).kernel_source
+    (tmp_path / "fwd.cu").write_text(source)
+    root = Path(tilelang.__file__).parent
+    result = subprocess.run(
+        ["nvcc", "-gencode", "arch=compute_90a,code=sm_90a", "-cubin", "-o", str(tmp_path / "fwd.cubin"),
+         "--ptxas-options=--verbose", "-std=c++17", "-DNDEBUG", "--use_fast_math",
+         f"-I{root / 'src'}", f"-I{root / '3rdparty' / 'cutlass' / 'include'}", str(tmp_path / "fwd.cu")],
+        capture_output=True, text=True)
+    notes = result.stdout + result.stderr
+    assert result.returncode == 0, notes[-3000:]
+    assert not re.search(r"C75\d\d", notes), notes
+    assert " 0 bytes spill stores" in notes, notes

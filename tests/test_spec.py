@@ -154,7 +154,7 @@ def test_unknown_nested_key_is_rejected_with_the_allowed_keys(project):
     assert problems(project, MINIMAL + "[tiling.fwd]\nblock_k = 64\n") == [
         (
             "tiling.fwd.block_k",
-            "unknown key; allowed keys here: block_m, block_n, blocks_per_sm, num_stages, overlap, threads",
+            "unknown key; allowed keys here: block_m, block_n, blocks_per_sm, num_stages, overlap, pingpong, threads",
         ),
     ]
 

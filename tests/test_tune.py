@@ -266,6 +266,12 @@ def test_candidates_pass_the_rules_current_tiling_first():
                               and c.tiling_dict["num_stages"] >= 1 for c in overlapped)
     assert all("overlap" not in c.tiling_dict for c in found if c not in overlapped)
     assert {c.label.endswith(" overlap") for c in found} == {True, False}
+    # So is the ping-pong forward: 128 query rows on two warpgroups, pipelined, not overlap too.
+    pingpong = [c for c in found if c.tiling_dict.get("pingpong")]
+    assert pingpong and all(
+        c.phase == "fwd" and (c.tiling_dict["block_m"], c.tiling_dict["threads"]) == (128, 256)
+        and c.tiling_dict["num_stages"] >= 1 and "overlap" not in c.tiling_dict
+        and c.label.endswith(" pingpong") for c in pingpong)
     # The backward also tries dQ by bulk reduce-adds; the forward has no such key.
     bulk = [c for c in found if c.tiling_dict.get("bulk_dq")]
     assert bulk and all(c.phase == "bwd" and " bulk-dq" in c.label for c in bulk)
@@ -545,7 +551,7 @@ def test_tune_dry_run_lists_compiled_candidates(tmp_path, run_opgen):
 def test_candidates_are_built_before_timing_in_parallel_chunks():
     """Each candidate's compile job, as the package's (factory, args, tiling) call, goes to the
     package's parallel prebuild, `workers` calls at a time; a causal forward candidate's paired
-    forward (its tiling without overlap, pair_blocks on) right after it, which its call plan
+    forward (its tiling without overlap or pingpong, pair_blocks on) right after it, which its call plan
     builds too (run 94: built one by one while timing, ~14 s per causal candidate)."""
     spec = shipped()
     plan, _ = load_plan(REPO_ROOT / "specs/attention.toml")
@@ -560,7 +566,7 @@ def test_candidates_are_built_before_timing_in_parallel_chunks():
         job = tune.compile_job(spec, plan, c)
         expected.append((f"{c.phase} factory", job.args, c.tiling_dict))
         if c.phase == "fwd" and c.key[1]:
-            paired = {k: v for k, v in c.tiling_dict.items() if k != "overlap"}
+            paired = {k: v for k, v in c.tiling_dict.items() if k not in ("overlap", "pingpong")}
             expected.append(("fwd factory", job.args, {**paired, "pair_blocks": True}))
     assert any(tiling.get("pair_blocks") for _, _, tiling in expected)
     full, rest = divmod(len(expected), 16)

@@ -15,33 +15,25 @@
 # re-tunes (no change), ncu, the rotated full backward: right but 1.7x slower); session 38 an
 # H100 (runs 162-165: the backward probes, descending walks and no safe-memory pass landed,
 # tested, benched), then no start; session 39 an H100 after two refused starts (runs 166-173:
-# heads at a time dropped, dS without the scale, three backward entries re-tuned). Left, in
-# this order:
-#   0. The tests of every attention package with dS without the softmax scale as landed (run
-#      173 tested attention and gqa copies of the probe; attention_sink's tests under it have not
-#      run), then the benches (one call, ~330 s cold): `PREBUILD_TIMEOUT=150 TESTS_TIMEOUT=300
-#      bash docs/profiling/next_gpu_run.sh tests attention gqa attention_sink`, then `bash
-#      docs/profiling/next_gpu_run.sh bench attention gqa attention_sink` (warm: ~110 s).
-#   1. The forward with its two consumer warpgroups taking turns at the tensor cores (FA3's
-#      ping-pong, written out with T.ws, named barriers and a producer warp):
-#      `python docs/profiling/pingpong_fwd.py > $OUT/pingpong.log 2>&1` (~2 min: it checks O and
-#      lse against the shipped forward and times both, MHA and GQA, full and causal, D128 and
-#      D64). It lowers and compiles for sm_90a without ptxas serializing a WGMMA
-#      (`python docs/profiling/pingpong_fwd.py lower` on the CPU); never run on a GPU yet. If it
-#      is right and faster, the template's forward gets it as a tiling option (then the same
-#      turn-taking for the backward's two warpgroups, item 4).
-#   2. Why the window-1024 backward (1.12x FlexAttention since run 167's 128x64 tiling, 1.5x the
-#      target) runs at 0.68x the causal one's TF/s (run 171): ncu of it against the causal entry,
-#      `WINDOW=1024 python docs/profiling/ncu_attention.py attention_sink` to fill TileLang's
-#      cache, then `WINDOW=1024 bash docs/profiling/next_gpu_run.sh ncu attention_sink causal`
-#      (compare L2 hit rate, DRAM bytes, stalls with run 154's causal profile).
-#   3. On the H200 (an H100 came in every call of sessions 35-39): `PREBUILD=1 bash
-#      docs/profiling/next_gpu_run.sh bench attention attention_sink gqa`.
-#   4. The D128 backward (0.83x cuDNN full, GQA full ~0.91x after dS lost its scale): what keeps
-#      two consumer warpgroups from overlapping each other's GEMM waits (run 159's stall profile).
-#      The causal D128 forward (0.81-0.93x): where its per-block fixed cost goes,
-#      `NCU_KERNELS=^fwd_kernel bash docs/profiling/next_gpu_run.sh source attention causal`
-#      (10 s; run 154 has its ncu).
+# heads at a time dropped, dS without the scale, three backward entries re-tuned); session 40 an
+# H100 (runs 174-177: the tests as landed, the ping-pong forward probed, landed, tested and
+# benched against overlapped copies). Left, in this order:
+#   0. The benches on an H200 (an H100 came in every call of sessions 35-40), with the ping-pong
+#      forward: `PREBUILD=1 bash docs/profiling/next_gpu_run.sh bench attention attention_sink
+#      gqa`; and gqa's D128 full forward with pingpong against its overlapped entry, two rounds in
+#      one process (`SPEC_EDIT='/^causal = false/,/^fwd/s/overlap = true }/pingpong = true }/' bash
+#      docs/profiling/render_copies.sh - pp gqa`, then `MASK=full bash docs/profiling/rows_ab.sh
+#      gqa gqa_pp`; the probe had them level).
+#   1. Why the window-1024 backward (1.13x FlexAttention, 1.5x the target) runs at 0.68x the
+#      causal one's TF/s: ncu of it against the causal entry, `WINDOW=1024 python
+#      docs/profiling/ncu_attention.py attention_sink` to fill TileLang's cache, then
+#      `WINDOW=1024 bash docs/profiling/next_gpu_run.sh ncu attention_sink causal` (compare L2 hit
+#      rate, DRAM bytes, stalls with run 154's causal profile).
+#   2. The D128 backward (0.80-0.87x cuDNN full, 0.86x causal): its two consumer warpgroups run
+#      each phase in step, as the forward's did before the ping-pong (run 159's stall profile);
+#      the same turn-taking for the backward needs per-warpgroup dQ, which does not fit the
+#      registers at D128 with 128 key rows a block: a design is the next step, on the CPU.
+#   3. The sinks backward (1.30x Flex) and the gpt-oss backward (1.39x): profile after 1.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift

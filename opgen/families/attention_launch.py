@@ -97,8 +97,8 @@ def pairs_query_blocks(causal, window, seq_len, block_m):
 
 def paired_tiling(tiling):
     """The paired forward's tiling: the forward's own, with pair_blocks=True. The paired kernel
-    runs the plain schedule, so overlap is left out (of its cache key too)."""
-    paired = {key: value for key, value in tiling.items() if key != "overlap"}
+    runs the plain schedule, so overlap and pingpong are left out (of its cache key too)."""
+    paired = {key: value for key, value in tiling.items() if key not in ("overlap", "pingpong")}
     return {**paired, "pair_blocks": True}
 
 

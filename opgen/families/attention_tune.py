@@ -20,8 +20,8 @@ from opgen.tune import Candidate
 # a fwd block and the key rows of a bwd block; block_n the other side of its score tile), times
 # the phase's own keys of PHASE_SPACE (which override SEARCH_SPACE's). The rules keep block_m =
 # 64 * threads / 128 (or 64-192 rows on one warpgroup), the shared memory under 227 KB and the
-# overlapped forward on 256 threads. The forward also tries three consumer warpgroups of 64
-# query rows (192 x block_n on 384 threads). Not timed (the rules accept them, and a spec's own
+# overlapped and ping-pong forwards on 256 threads. The forward also tries three consumer
+# warpgroups of 64 query rows (192 x block_n on 384 threads). Not timed (the rules accept them, and a spec's own
 # tiling is timed whatever it is): one warpgroup of 128 threads over more than 64 rows, which
 # was 1.38-2.85x slower than the winner at all 46 (spec, head dim, mask, phase) tuned on the
 # H200 in runs 34-94 (each such block had the SM to itself). One warpgroup of 64 rows is timed on
@@ -38,7 +38,8 @@ SEARCH_SPACE = {
     "blocks_per_sm": (1, 2),
 }
 PHASE_SPACE = {"fwd": {"block_m": (64, 128, 192), "threads": (128, 256, 384),
-                       "overlap": (False, True), "blocks_per_sm": (1, 2, 3, 4)},
+                       "overlap": (False, True), "pingpong": (False, True),
+                       "blocks_per_sm": (1, 2, 3, 4)},
                "bwd": {"bulk_dq": (False, True), "descending": (False, True)}}
 # The shape a head dim is timed at when no [bench] shape has that head dim; a GQA spec's is
 # grouped, so that its backward is timed with the dK/dV reduction grouped calls use.
@@ -204,6 +205,7 @@ class AttentionTuner(Tuner):
     def describe_tiling(self, tiling: dict[str, Any]) -> str:
         return (f"{tiling['block_m']}x{tiling['block_n']} threads={tiling['threads']} "
                 f"stages={tiling['num_stages']}" + (" overlap" if tiling.get("overlap") else "")
+                + (" pingpong" if tiling.get("pingpong") else "")
                 + (f" {tiling['blocks_per_sm']} blocks/SM" if tiling.get("blocks_per_sm", 1) > 1 else "")
                 + (" bulk-dq" if tiling.get("bulk_dq") else "")
                 + (" descending" if tiling.get("descending") else ""))

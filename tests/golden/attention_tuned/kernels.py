@@ -15,6 +15,7 @@ a scale that changes from call to call would build kernels on every call."""
 
 import tilelang
 import tilelang.language as T
+from tilelang.layout import make_swizzled_layout
 
 LOG2E = 1.44269504
 ACCUM = "float32"
@@ -188,8 +189,8 @@ def pairs_query_blocks(causal, window, seq_len, block_m):
 
 def paired_tiling(tiling):
     """The paired forward's tiling: the forward's own, with pair_blocks=True. The paired kernel
-    runs the plain schedule, so overlap is left out (of its cache key too)."""
-    paired = {key: value for key, value in tiling.items() if key != "overlap"}
+    runs the plain schedule, so overlap and pingpong are left out (of its cache key too)."""
+    paired = {key: value for key, value in tiling.items() if key not in ("overlap", "pingpong")}
     return {**paired, "pair_blocks": True}
 
 
@@ -332,6 +333,7 @@ def attention_tuned_fwd(
     overlap=False,
     pair_blocks=False,
     blocks_per_sm=1,
+    pingpong=False,
 ):
     """O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain). Grid (ceildiv(seq_len, block_m), heads, batch); causal: the first two swapped and the longest query blocks first (heads fastest: every head's longest block launches first), or at most PAIRED_MAX_QUERY_BLOCKS of them paired: (ceildiv(n, 2), heads, batch).
 
@@ -342,6 +344,10 @@ def attention_tuned_fwd(
     overlap=True (256 threads, pipelined): the QK^T GEMM of key block s and the PV GEMM of block
     s - 1 are issued together as async WGMMA and the softmax of block s runs while PV is in
     flight, so the tensor cores are not idle during the softmax.
+    pingpong=True (block_m 128, 256 threads): each of the two consumer warpgroups owns 64 query
+    rows and keeps the overlapped schedule, and the two take turns at the tensor cores, so one's
+    softmax runs during the other's GEMMs; a producer warp loads Q once and K, V by TMA into
+    num_stages stages (fwd_pingpong). Calls with a window run the overlapped schedule instead.
     pair_blocks=True (causal): block x walks query blocks x and n - 1 - x in one pipeline
     (pairs_query_blocks says when), with the plain schedule: grid dim 0 is ceil(n / 2).
     blocks_per_sm=2, 3 or 4 (threads 128): that many blocks share an SM (split_registers).
@@ -527,6 +533,255 @@ def attention_tuned_fwd(
                         finish_rows(O, lse, acc_o, row_max, row_denom, bx, by, bz, O_shared)
 
         return fwd_pairs
+
+    if pingpong and not window:
+        half = block_m // 2  # query rows of one consumer warpgroup
+
+        @T.macro
+        def half_softmax(acc_s, row_max, row_max_prev, row_rescale, row_sum, row_denom, q_first, k):
+            """Key block k's scores -> P (in acc_s) for one warpgroup's rows, the running max and
+            row_rescale, the factor its earlier sums (here) and output (by the caller) scale by.
+            The mask is applied after the scores GEMM, which clears its accumulator: a tile that
+            needs none costs nothing."""
+            if needs_mask(q_first, half, k * block_n, block_n):
+                for i, j in T.Parallel(half, block_n):
+                    acc_s[i, j] = T.if_then_else(
+                        visible(q_first + i, k * block_n + j), acc_s[i, j], -T.infinity(ACCUM)
+                    )
+            T.copy(row_max, row_max_prev)
+            T.reduce_max(acc_s, row_max, dim=1, clear=False)
+            for i in T.Parallel(half):
+                row_rescale[i] = T.exp2((row_max_prev[i] - row_max[i]) * scale)
+            for i, j in T.Parallel(half, block_n):
+                acc_s[i, j] = T.exp2(acc_s[i, j] * scale - row_max[i] * scale)
+            T.reduce_sum(acc_s, row_sum, dim=1)
+            for i in T.Parallel(half):
+                row_denom[i] = row_denom[i] * row_rescale[i] + row_sum[i]
+
+        @T.macro
+        def pass_turn(w, k, n):
+            """The other warpgroup's turn at the tensor cores (named barrier 2 - w). Warpgroup 1
+            let warpgroup 0 go first once, so it passes no turn after its last block's GEMMs: a
+            named barrier must not be left with arrivals that nobody waits for."""
+            if w == 0 or k < n - 1:
+                T.named_barrier_arrive(2 - w, threads)
+
+        @T.macro
+        def consumer(
+            w,
+            O,
+            lse,
+            Q_shared,
+            K_shared,
+            V_shared,
+            q_ready,
+            k_ready,
+            k_free,
+            v_ready,
+            v_free,
+            bx,
+            h,
+            bz,
+            loop_start,
+            n,
+        ):
+            """Warpgroup w's query rows: block k's scores GEMM issued with block k - 1's PV GEMM,
+            block k's softmax while PV runs, each issue after the other warpgroup's (barrier 1 + w).
+            """
+            T.set_max_nreg(240, 1)
+            q_first = bx * block_m + w * half
+            acc_s = T.alloc_fragment([half, block_n], ACCUM)
+            acc_s_cast = T.alloc_fragment([half, block_n], dtype)
+            acc_o = T.alloc_fragment([half, dim], ACCUM)
+            row_max = T.alloc_fragment([half], ACCUM)
+            row_max_prev = T.alloc_fragment([half], ACCUM)
+            row_rescale = T.alloc_fragment([half], ACCUM)
+            row_sum = T.alloc_fragment([half], ACCUM)
+            row_denom = T.alloc_fragment([half], ACCUM)
+            T.fill(acc_o, 0)
+            T.fill(row_denom, 0)
+            T.fill(row_max, NEG_INIT)
+            if w == 1:
+                T.named_barrier_arrive(1, threads)  # warpgroup 0 goes first
+            T.mbarrier_wait_parity(q_ready, 0)
+            # The first key block: its scores alone.
+            T.sync_threads(1 + w, threads)
+            T.mbarrier_wait_parity(k_ready[0], 0)
+            T.wgmma_gemm(
+                Q_shared[w, :, :],
+                K_shared[0, :, :],
+                acc_s,
+                transpose_B=True,
+                policy=T.GemmWarpPolicy.FullRow,
+                clear_accum=True,
+            )
+            pass_turn(w, 0, n)
+            T.wait_wgmma(0)
+            T.mbarrier_arrive(k_free[0])
+            half_softmax(
+                acc_s, row_max, row_max_prev, row_rescale, row_sum, row_denom, q_first, loop_start
+            )
+            T.copy(acc_s, acc_s_cast)
+            for step in T.serial(1, n):
+                stage, last = step % num_stages, (step - 1) % num_stages
+                # O rescaled before either GEMM is issued: a register that a WGMMA reads, written
+                # between two WGMMA issues, makes ptxas serialize every WGMMA of the kernel.
+                for i, j in T.Parallel(half, dim):
+                    acc_o[i, j] *= row_rescale[i]
+                T.sync_threads(1 + w, threads)
+                # Both tiles waited for before the first issue: a wait loop between the two
+                # issues serializes them too.
+                T.mbarrier_wait_parity(k_ready[stage], (step // num_stages) % 2)
+                T.mbarrier_wait_parity(v_ready[last], ((step - 1) // num_stages) % 2)
+                T.wgmma_gemm(
+                    Q_shared[w, :, :],
+                    K_shared[stage, :, :],
+                    acc_s,
+                    transpose_B=True,
+                    policy=T.GemmWarpPolicy.FullRow,
+                    clear_accum=True,
+                )
+                T.wgmma_gemm(
+                    acc_s_cast, V_shared[last, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow
+                )
+                pass_turn(w, step, n)
+                T.wait_wgmma(1)  # the scores; PV may still run
+                T.mbarrier_arrive(k_free[stage])
+                half_softmax(
+                    acc_s,
+                    row_max,
+                    row_max_prev,
+                    row_rescale,
+                    row_sum,
+                    row_denom,
+                    q_first,
+                    loop_start + step,
+                )
+                T.wait_wgmma(0)
+                T.mbarrier_arrive(v_free[last])
+                # P cast only now: until PV is done, the registers it writes are PV's operand.
+                T.copy(acc_s, acc_s_cast)
+            last = (n - 1) % num_stages
+            for i, j in T.Parallel(half, dim):
+                acc_o[i, j] *= row_rescale[i]
+            T.mbarrier_wait_parity(v_ready[last], ((n - 1) // num_stages) % 2)
+            T.wgmma_gemm(acc_s_cast, V_shared[last, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+            T.wait_wgmma(0)
+            T.mbarrier_arrive(v_free[last])
+            for i, j in T.Parallel(half, dim):
+                acc_o[i, j] /= row_denom[i]
+            T.copy(acc_o, rows(O, bz, h, q_first, half))
+            for i in T.Parallel(half):
+                lse[bz, h, q_first + i] = T.log2(row_denom[i]) + row_max[i] * scale
+
+        @T.prim_func
+        def fwd_pingpong(
+            Q: _input(q_shape, dtype, "q"),
+            K: _input(kv_shape, dtype, "k"),
+            V: _input(kv_shape, dtype, "v"),
+            O: T.Tensor(q_shape, dtype),
+            lse: T.Tensor([batch, heads, padded_dim()], ACCUM),
+        ):
+            # Every shared-memory hand-off is ordered by the mbarriers and named barriers below;
+            # the barriers TileLang would add span all threads, which the warpgroups never reach
+            # together.
+            T.annotate_pass_configs({tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True})
+            with T.Kernel(grid[0], grid[1], batch, threads=threads + 128) as (
+                launch_x,
+                launch_y,
+                bz,
+            ):
+                launch_q, h = launch_block(causal, launch_x, launch_y)
+                bx = query_block(launch_q)
+                Q_shared = T.alloc_shared([2, half, dim], dtype)
+                K_shared = T.alloc_shared([num_stages, block_n, dim], dtype)
+                V_shared = T.alloc_shared([num_stages, block_n, dim], dtype)
+                T.annotate_layout(
+                    {
+                        Q_shared: make_swizzled_layout(Q_shared),
+                        K_shared: make_swizzled_layout(K_shared),
+                        V_shared: make_swizzled_layout(V_shared),
+                    }
+                )
+                q_ready = T.alloc_barrier(32)
+                k_ready = T.alloc_barrier([32] * num_stages)
+                v_ready = T.alloc_barrier([32] * num_stages)
+                k_free = T.alloc_barrier([threads] * num_stages)
+                v_free = T.alloc_barrier([threads] * num_stages)
+                loop_start, loop_end = key_blocks(bx)
+                n = loop_end - loop_start
+                kv_head = h // groups
+                tx = T.get_thread_binding()
+                if tx >= threads:
+                    T.set_max_nreg(24, 0)
+                if tx >= threads and tx < threads + 32:  # the producer: one warp
+                    for w in T.serial(2):
+                        T.tma_copy(
+                            rows(Q, bz, h, bx * block_m + w * half, half),
+                            Q_shared[w, :, :],
+                            barrier=q_ready,
+                        )
+                    T.mbarrier_arrive(q_ready)
+                    for step in T.serial(n):
+                        stage, k = step % num_stages, loop_start + step
+                        T.mbarrier_wait_parity(k_free[stage], ((step // num_stages) % 2) ^ 1)
+                        T.tma_copy(
+                            rows(K, bz, kv_head, k * block_n, block_n),
+                            K_shared[stage, :, :],
+                            barrier=k_ready[stage],
+                        )
+                        T.mbarrier_arrive(k_ready[stage])
+                        T.mbarrier_wait_parity(v_free[stage], ((step // num_stages) % 2) ^ 1)
+                        T.tma_copy(
+                            rows(V, bz, kv_head, k * block_n, block_n),
+                            V_shared[stage, :, :],
+                            barrier=v_ready[stage],
+                        )
+                        T.mbarrier_arrive(v_ready[stage])
+                with T.ws(0):
+                    consumer(
+                        0,
+                        O,
+                        lse,
+                        Q_shared,
+                        K_shared,
+                        V_shared,
+                        q_ready,
+                        k_ready,
+                        k_free,
+                        v_ready,
+                        v_free,
+                        bx,
+                        h,
+                        bz,
+                        loop_start,
+                        n,
+                    )
+                with T.ws(1):
+                    consumer(
+                        1,
+                        O,
+                        lse,
+                        Q_shared,
+                        K_shared,
+                        V_shared,
+                        q_ready,
+                        k_ready,
+                        k_free,
+                        v_ready,
+                        v_free,
+                        bx,
+                        h,
+                        bz,
+                        loop_start,
+                        n,
+                    )
+
+        return fwd_pingpong
+
+    # A windowed call of a ping-pong tiling runs the overlapped schedule: the ping-pong one is
+    # built for (and tested at) calls without a window.
+    overlap = overlap or pingpong
 
     @T.prim_func
     def fwd(
