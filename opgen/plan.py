@@ -391,6 +391,9 @@ class SavedAuxPlan(PlanBase):
     bench_cases: tuple[BytesBenchCase, ...]
     # [[tiling.tuned]] by phase: {C: tiling} (empty for a family without the table).
     tuned: Mapping[str, Mapping[int, dict[str, int]]] = field(default_factory=dict)
+    # With the spec's "auto": calls of at least this many elements save the auxiliary tensor,
+    # smaller ones recompute it. None: every call does as the spec says.
+    save_from_elements: int | None = None
 
     def tiling_for(self, key: str, channels: int) -> dict[str, int]:
         """The tiling kernel `key` runs with at C = channels: its tuned one, else the base one."""
@@ -404,10 +407,12 @@ class SavedAuxPlan(PlanBase):
 
 
 def saved_aux_fields(spec: Any, source: SourceInfo, section: Any, aux: str, save: bool,
-                     dx_note: str, dw_note: str, w_numel: Callable[[int], int]) -> dict[str, Any]:
+                     dx_note: str, dw_note: str, w_numel: Callable[[int], int],
+                     save_from_elements: int | None = None) -> dict[str, Any]:
     """The SavedAuxPlan fields that follow from the spec: PlanBase's, dx and dw (their notes),
-    w's dtype (section.weight_dtype), the aux tensor saved or recomputed, what the tests run, and
-    the benchmark's cases (w_numel: w's elements at a channel count)."""
+    w's dtype (section.weight_dtype), the aux tensor saved or recomputed (save: by some calls;
+    save_from_elements: by those of at least that many elements, the rest recompute it), what
+    the tests run, and the benchmark's cases (w_numel: w's elements at a channel count)."""
     reduction = spec.grads.dw.reduction
     return {
         **base_fields(spec, source),
@@ -420,6 +425,7 @@ def saved_aux_fields(spec: Any, source: SourceInfo, section: Any, aux: str, save
         "weight_dtype_expr": "x.dtype" if section.weight_dtype == "input" else "torch.float32",
         "saved": ("x", "w", aux) if save else ("x", "w"),
         "recomputed": () if save else (aux,),
+        "save_from_elements": save_from_elements,
         "test_cases": tuple(ShapeCase(tuple(s)) for s in spec.test.shapes),
         **bytes_bench_fields(spec.bench, section.weight_dtype, w_numel),
     }

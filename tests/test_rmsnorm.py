@@ -239,6 +239,33 @@ def test_plan_saved(project, rstd, save, saved, recomputed):
     assert (p.save_rstd, p.saved, p.recomputed) == (save, saved, recomputed)
 
 
+def test_auto_rstd_saves_from_a_number_of_elements_on(project):
+    """saved.rstd = "auto": calls of at least AUTO_SAVE_FROM_ELEMENTS elements save rstd, smaller
+    (host-bound) ones recompute it. The package renders the rule, explain shows each shape's
+    choice, and both forward and backward variants are compile-checked."""
+    p = plan_of(project, MINIMAL + '[saved]\nrstd = "auto"\n')
+    limit = rmsnorm.AUTO_SAVE_FROM_ELEMENTS
+    assert p.save_from_elements == limit and not p.save_rstd
+    assert (p.saves_at(limit - 1), p.saves_at(limit)) == (False, True)
+    assert [rmsnorm.saves_rstd(choice, 1) for choice in ("save", "recompute", "auto")] == [
+        True, False, False]
+    files = generate(write(project, MINIMAL + '[saved]\nrstd = "auto"\n')).files
+    assert f"\nSAVE_RSTD_FROM_ELEMENTS = {limit}\n" in files["autograd.py"]
+    assert "return x.numel() >= SAVE_RSTD_FROM_ELEMENTS" in files["autograd.py"]
+    assert "return apply_op(x, w, save_rstd_for(x), DW_REDUCTION)" in files["autograd.py"]
+    assert "SAVE_RSTD =" not in files["autograd.py"]
+    assert "assert flags == [False, True]" in files["test_x.py"]
+    for rows, held in ((8, "recomputed in backward from x"), (16384, "saved")):
+        tables = dict(explain(p, {"rows": rows, "channels": 4096, "dtype": "bfloat16"}))
+        assert [row[2] for row in tables["saved for backward"][1:] if row[0] == "rstd"] == [held]
+    # Every bench shape (>= the limit) saves; at max_channels both variants are built.
+    labels = [j.label for j in p.compile_jobs]
+    assert "bwd bfloat16 C=8192 rstd=save dw=atomic (bench)" in labels
+    assert not any("recompute" in label and "(bench)" in label for label in labels)
+    assert {"bwd float16 C=16384 rstd=save dw=atomic (max_channels)",
+            "bwd float16 C=16384 rstd=recompute dw=atomic (max_channels)"} <= set(labels)
+
+
 def test_matrix_and_padding():
     assert matrix((3, 333, 77)) == (999, 77)
     assert matrix((4097,)) == (1, 4097)
@@ -384,6 +411,7 @@ def test_generated_files_carry_the_spec_choices(project):
         assert "\nEPS = 1e-05\n" in files[name], name
     assert "\nMAX_CHANNELS = 8192\n" in files["autograd.py"]
     assert 'DW_REDUCTION = "atomic"\nSAVE_RSTD = True\n' in files["autograd.py"]
+    assert "return apply_op(x, w, save_rstd_for(x), DW_REDUCTION)" in files["autograd.py"]
     assert "TAIL_SHAPE = (3, 333, 77)\n" in files["test_x.py"]
 
 

@@ -35,6 +35,11 @@ DW_REDUCTION = "atomic"
 SAVE_RSTD = True
 
 
+def save_rstd_for(x):
+    """Whether rmsnorm() has the forward save rstd for a call on x."""
+    return SAVE_RSTD
+
+
 def weight_dtype(x):
     """The dtype w (and dw) must have for an input x."""
     return x.dtype
@@ -548,4 +553,4 @@ def rmsnorm(x, w):
         # torch.compile of a CPU model trace ops that run on the CPU. Only CUDA tensors reach the
         # kernels (apply_op always takes them).
         return rmsnorm_reference(x, w)
-    return apply_op(x, w, SAVE_RSTD, DW_REDUCTION)
+    return apply_op(x, w, save_rstd_for(x), DW_REDUCTION)

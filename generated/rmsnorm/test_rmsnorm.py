@@ -18,7 +18,6 @@ from . import autograd
 from .autograd import (
     DW_REDUCTION,
     MAX_CHANNELS,
-    SAVE_RSTD,
     accumulator,
     alloc_dw,
     apply_op,
@@ -28,6 +27,7 @@ from .autograd import (
     launch_backward,
     run_backward,
     run_forward,
+    save_rstd_for,
     weight_dtype,
     rmsnorm,
 )
@@ -139,7 +139,7 @@ def make_inputs(shape, dtype):
 
 def op(x, w, save_rstd, dw_reduction=DW_REDUCTION):
     """The public function for the spec's variant; the custom op with the same checks otherwise."""
-    if (save_rstd, dw_reduction) == (SAVE_RSTD, DW_REDUCTION):
+    if (save_rstd, dw_reduction) == (save_rstd_for(x), DW_REDUCTION):
         return rmsnorm(x, w)
     check_inputs(x, w)
     return apply_op(x, w, save_rstd, dw_reduction)
@@ -179,6 +179,26 @@ def check_against_reference(inputs, dy, save_rstd, dtype):
 def test_matches_reference(shape, dtype, save_rstd):
     inputs, dy = make_inputs(shape, dtype)
     check_against_reference(inputs, dy, save_rstd, dtype)
+
+
+@requires_cuda
+def test_the_public_function_follows_save_rstd_for(monkeypatch):
+    """rmsnorm() has the forward save rstd as the spec's saved.rstd says, at every
+    size, and the backward takes what it saved."""
+    flags = []
+    forward = autograd.run_forward
+
+    def recording_forward(x, w, save_rstd, *rest):
+        flags.append(save_rstd)
+        return forward(x, w, save_rstd, *rest)
+
+    monkeypatch.setattr(autograd, "run_forward", recording_forward)
+    cols = TAIL_SHAPE[-1]
+    for rows in (1, (1 << 20) // cols + 1):
+        inputs, dy = make_inputs((rows, cols), DTYPES[0])
+        rmsnorm(*inputs.values()).backward(dy)
+        assert all(t.grad is not None and t.grad.isfinite().all() for t in inputs.values())
+    assert flags == [autograd.SAVE_RSTD] * 2
 
 
 @requires_cuda

@@ -31,6 +31,11 @@ DW_REDUCTION = "atomic"
 SAVE_SIGMOID = False
 
 
+def save_sigmoid_for(x):
+    """Whether scaled_silu() has the forward save sigmoid(x) for a call on x."""
+    return SAVE_SIGMOID
+
+
 def weight_dtype(x):
     """The dtype w (and dw) must have for an input x."""
     return torch.float32
@@ -542,4 +547,4 @@ def scaled_silu(x, w):
         # torch.compile of a CPU model trace ops that run on the CPU. Only CUDA tensors reach the
         # kernels (apply_op always takes them).
         return scaled_silu_reference(x, w)
-    return apply_op(x, w, SAVE_SIGMOID, DW_REDUCTION)
+    return apply_op(x, w, save_sigmoid_for(x), DW_REDUCTION)

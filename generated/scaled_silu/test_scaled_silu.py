@@ -16,7 +16,6 @@ import torch
 from . import autograd
 from .autograd import (
     DW_REDUCTION,
-    SAVE_SIGMOID,
     accumulator,
     alloc_dw,
     apply_op,
@@ -26,6 +25,7 @@ from .autograd import (
     launch_backward,
     run_backward,
     run_forward,
+    save_sigmoid_for,
     weight_dtype,
     scaled_silu,
 )
@@ -135,7 +135,7 @@ def make_inputs(shape, dtype):
 
 def op(x, w, save_sigmoid, dw_reduction=DW_REDUCTION):
     """The public function for the spec's variant; the custom op with the same checks otherwise."""
-    if (save_sigmoid, dw_reduction) == (SAVE_SIGMOID, DW_REDUCTION):
+    if (save_sigmoid, dw_reduction) == (save_sigmoid_for(x), DW_REDUCTION):
         return scaled_silu(x, w)
     check_inputs(x, w)
     return apply_op(x, w, save_sigmoid, dw_reduction)
@@ -167,6 +167,26 @@ def check_against_reference(inputs, dy, save_sigmoid, dtype):
 def test_matches_reference(shape, dtype, save_sigmoid):
     inputs, dy = make_inputs(shape, dtype)
     check_against_reference(inputs, dy, save_sigmoid, dtype)
+
+
+@requires_cuda
+def test_the_public_function_follows_save_sigmoid_for(monkeypatch):
+    """scaled_silu() has the forward save s as the spec's saved.sigmoid says, at every
+    size, and the backward takes what it saved."""
+    flags = []
+    forward = autograd.run_forward
+
+    def recording_forward(x, w, save_sigmoid, *rest):
+        flags.append(save_sigmoid)
+        return forward(x, w, save_sigmoid, *rest)
+
+    monkeypatch.setattr(autograd, "run_forward", recording_forward)
+    cols = TAIL_SHAPE[-1]
+    for rows in (1, (1 << 20) // cols + 1):
+        inputs, dy = make_inputs((rows, cols), DTYPES[0])
+        scaled_silu(*inputs.values()).backward(dy)
+        assert all(t.grad is not None and t.grad.isfinite().all() for t in inputs.values())
+    assert flags == [autograd.SAVE_SIGMOID] * 2
 
 
 @requires_cuda

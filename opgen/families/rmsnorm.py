@@ -18,7 +18,7 @@ matrix, the compile jobs and the bytes the benchmark divides by.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field
@@ -114,8 +114,23 @@ class RmsnormSection(StrictModel):
 
 class RmsnormSaved(StrictModel):
     # save: the forward writes one fp32 rstd per row for the backward (4 bytes a row). recompute:
-    # the backward sums x^2 again from the row it loads anyway (a few FLOPs per element).
-    rstd: Literal["save", "recompute"] = "save"
+    # the backward sums x^2 again from the row it loads anyway (a few FLOPs per element). auto:
+    # calls of at least AUTO_SAVE_FROM_ELEMENTS elements save it, smaller ones recompute it.
+    rstd: Literal["save", "recompute", "auto"] = "save"
+
+
+# saved.rstd = "auto": the smallest call (elements of x) that saves rstd. Below it a call is
+# host-bound: the rstd buffer's allocation and hand-off cost the forward ~4 us of host time
+# (H100, [8, 1024]: 24.3 us saved against 20.0 recomputed, eager 13.4-14.3), while the
+# recomputing backward's extra GPU time, a few FLOPs an element, stays under the launch's host
+# time. Far above it the backward is bandwidth-bound and recomputing costs 3-25% (4096 x 8192:
+# 0.118 ms against 0.094, GPU run 142).
+AUTO_SAVE_FROM_ELEMENTS = 1 << 20
+
+
+def saves_rstd(choice: str, elements: int) -> bool:
+    """Whether a call on an x of `elements` elements saves rstd under saved.rstd = choice."""
+    return choice == "save" or (choice == "auto" and elements >= AUTO_SAVE_FROM_ELEMENTS)
 
 
 def matrix(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -301,9 +316,15 @@ class Plan(SavedAuxPlan):
     eps: float
     eps_literal: str  # eps as Python source
     max_channels: int
-    save_rstd: bool  # the spec's: the public function's
+    save_rstd: bool  # the spec's saved.rstd is "save" (with "auto": see save_from_elements)
     shared_memory_limit: int = SM90_SMEM_LIMIT
     element_bytes: Mapping[str, int] = field(default_factory=lambda: dict(DTYPE_BYTES))
+
+    def saves_at(self, elements: int) -> bool:
+        """Whether the public function's call on an x of `elements` elements saves rstd."""
+        if self.save_from_elements is None:
+            return self.save_rstd
+        return elements >= self.save_from_elements
 
 
 def plan(spec: Spec, source: SourceInfo) -> Plan:
@@ -328,9 +349,11 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         "split": "one fp32 partial per block and channel written once, summed on the host in a "
                  "fixed order (deterministic), then cast",
     }
-    fields = saved_aux_fields(spec, source, section, "rstd", save_rstd,
+    auto = spec.saved.rstd == "auto"
+    fields = saved_aux_fields(spec, source, section, "rstd", save_rstd or auto,
                               "per row: written once per element", dw_notes[reduction],
-                              lambda channels: channels)
+                              lambda channels: channels,
+                              save_from_elements=AUTO_SAVE_FROM_ELEMENTS if auto else None)
     # Prefer a shape with tails in both rows and channels; validation found one with each.
     tail_case = max(fields["test_cases"],
                     key=lambda c: _row_tail(spec, c.shape) + _column_tail(spec, c.shape))
@@ -368,7 +391,6 @@ def _compile_jobs(spec, kernels, tuned, tail_case, test_reductions) -> tuple[Com
     shared memory the op ever asks for); then each tuned C at the first dtype with every saved
     and reduction choice the tests run. The row count is symbolic: a variant is its C (and the
     tiling it runs with there)."""
-    save_default = spec.saved.rstd == "save"
     section = spec.rmsnorm
 
     def jobs_for(cols, dtype, saves, reductions, tag):
@@ -381,11 +403,14 @@ def _compile_jobs(spec, kernels, tuned, tail_case, test_reductions) -> tuple[Com
     jobs = []
     for dtype in spec.dtypes:
         jobs += jobs_for(cols, dtype, TESTED_SAVES, test_reductions, "")
-    spec_choice = ((save_default,), (spec.grads.dw.reduction,))
+    reduction = (spec.grads.dw.reduction,)
     for shape in spec.bench.shapes:
-        jobs += jobs_for(shape.channels, spec.bench.dtype, *spec_choice, " (bench)")
+        saves = (saves_rstd(spec.saved.rstd, shape.rows * shape.channels),)
+        jobs += jobs_for(shape.channels, spec.bench.dtype, saves, reduction, " (bench)")
         jobs += jobs_for(shape.channels, spec.bench.dtype, *NO_GRAD_CHOICE, " (bench, no grad)")
-    jobs += jobs_for(spec.rmsnorm.max_channels, spec.dtypes[0], *spec_choice, " (max_channels)")
+    # "auto": one row of max_channels recomputes, AUTO_SAVE_FROM_ELEMENTS / C rows save.
+    saves = (False, True) if spec.saved.rstd == "auto" else (spec.saved.rstd == "save",)
+    jobs += jobs_for(spec.rmsnorm.max_channels, spec.dtypes[0], saves, reduction, " (max_channels)")
     for channels in sorted({c for table in tuned.values() for c in table}):
         jobs += jobs_for(channels, spec.dtypes[0], TESTED_SAVES, test_reductions, " (tuned)")
     return distinct_jobs(jobs)
@@ -408,12 +433,16 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     row_blocks = grids["bwd"][0]
     fwd_bytes, bwd_bytes = weighted_bytes_moved(numel, channels, elem, w_elem)
     partials = 0 if p.dw_reduction == "atomic" else 4 * row_blocks * channels
+    # "auto": what this shape's call saves.
+    saved = ("x", "w", "rstd") if p.saves_at(numel) else ("x", "w")
+    p = replace(p, saved=saved, recomputed=() if p.saves_at(numel) else ("rstd",))
     return explain_tables(
         p, (f"rows={rows} channels={channels} dtype={dtype} ({numel} elements; "
             f"eps={p.eps_literal}; C at most {p.max_channels})"),
         grids, sizes, "recomputed in backward from x",
         weight_grads_table(p, numel * elem, channels, row_blocks, row_blocks * channels),
-        bytes_moved_table(fwd_bytes, bwd_bytes, "rstd", sizes["rstd"] if p.save_rstd else 0,
+        bytes_moved_table(fwd_bytes, bwd_bytes, "rstd",
+                          sizes["rstd"] if p.saves_at(numel) else 0,
                           partials),
         kernel_column=("shared memory", smem), tilings=tilings,
     )

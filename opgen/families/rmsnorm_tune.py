@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from opgen import tune
 from opgen.families.contract import Tuner
-from opgen.families.rmsnorm import PHASE_TILING, PHASES, tuned_problems, widest_element
+from opgen.families.rmsnorm import (PHASE_TILING, PHASES, saves_rstd, tuned_problems,
+                                    widest_element)
 from opgen.plan import CompileJob, weight_dtype
 from opgen.tune import Candidate
 
@@ -39,11 +40,11 @@ def bench_rows(spec: Any, channels: int) -> int:
 def compile_job(spec: Any, plan: Any, key: tuple, phase: str, tiling: dict[str, Any],
                 label: str) -> CompileJob:
     """The kernel a candidate launches when it is timed: at its C, the bench dtype and the
-    spec's saved rstd and dw reduction."""
+    spec's saved rstd (at the bench shape) and dw reduction."""
     (channels,) = key
     dtype = spec.bench.dtype
     args = (channels, dtype, weight_dtype(spec.rmsnorm.weight_dtype, dtype), spec.rmsnorm.eps,
-            spec.saved.rstd == "save")
+            saves_rstd(spec.saved.rstd, bench_rows(spec, channels) * channels))
     if phase == "bwd":
         args = (*args, spec.grads.dw.reduction)
     return CompileJob(plan.kernels[phase].factory, args, tiling, label)
@@ -60,13 +61,14 @@ def time_candidates(spec: Any, plan: Any, autograd: Any, found: list[Candidate],
 
     dtype = getattr(torch, spec.bench.dtype)
     w_dtype = getattr(torch, weight_dtype(spec.rmsnorm.weight_dtype, spec.bench.dtype))
-    save_rstd, reduction = spec.saved.rstd == "save", spec.grads.dw.reduction
+    reduction = spec.grads.dw.reduction
     reference = getattr(autograd, f"{spec.name}_reference")
 
     def calls_at(key):
         (channels,) = key
         gen = torch.Generator(device="cuda").manual_seed(0)
         rows = bench_rows(spec, channels)
+        save_rstd = saves_rstd(spec.saved.rstd, rows * channels)
         x = torch.randn(rows, channels, generator=gen, device="cuda", dtype=dtype)
         w = 1 + 0.1 * torch.randn(channels, generator=gen, device="cuda", dtype=w_dtype)
         dy = torch.randn(rows, channels, generator=gen, device="cuda", dtype=dtype)
