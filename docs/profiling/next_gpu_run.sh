@@ -24,6 +24,13 @@
 #      one process (`SPEC_EDIT='/^causal = false/,/^fwd/s/overlap = true }/pingpong = true }/' bash
 #      docs/profiling/render_copies.sh - pp gqa`, then `MASK=full bash docs/profiling/rows_ab.sh
 #      gqa gqa_pp`; the probe had them level).
+#      Then rmsnorm's saved.rstd = "auto" (landed CPU-only in session 40; the shipped spec keeps
+#      "save"): a copy with it, `SPEC_EDIT='s/^rstd = "save"/rstd = "auto"/' bash
+#      docs/profiling/render_copies.sh - auto rmsnorm`, its tests and the golden rmsnorm_tuned's
+#      (`bash docs/profiling/next_gpu_run.sh tests rmsnorm_auto rmsnorm_tuned`), then `bash
+#      docs/profiling/next_gpu_run.sh bench rmsnorm rmsnorm_auto` (host rows at [8, 1024]: the
+#      target is fwd <= 1.5x eager; the big shapes must stay level). If both hold, the shipped
+#      spec takes "auto".
 #   1. Why the window-1024 backward (1.13x FlexAttention, 1.5x the target) runs at 0.68x the
 #      causal one's TF/s: ncu of it against the causal entry, `WINDOW=1024 python
 #      docs/profiling/ncu_attention.py attention_sink` to fill TileLang's cache, then
