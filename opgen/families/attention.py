@@ -97,9 +97,9 @@ class FwdTiling(AttentionTiling):
 
     # true (block_m 128, threads 256): each consumer warpgroup owns 64 query rows and keeps the
     # overlapped schedule, and the two take turns at the tensor cores, so one's softmax runs
-    # during the other's GEMMs; a producer warp loads the tiles by TMA (H100, GPU run 175: D128
-    # causal 4-6% faster than overlap, full 0-3%, D64 8% slower). Left out of the tiling (and
-    # the spec's hash) when false.
+    # during the other's GEMMs; a producer warp loads the tiles by TMA (H100, GPU runs 175 and
+    # 177: D128 causal 5-9% faster than overlap, full level to 3%, D64 full 8% slower). Left out
+    # of the tiling (and the spec's hash) when false.
     pingpong: StrictBool = Field(False, exclude_if=lambda v: not v)
 
     # Also 3 or 4 blocks an SM (the kernel built to 80 or 64 registers a thread, enough for a
@@ -488,7 +488,8 @@ def tiling_problems(phase: str, tiling: GemmTiling, head_dims, causal: bool = Fa
     serves causal calls."""
     return [("", p) for p in smem_problems(phase, tiling, head_dims, causal)] + list(
         warpgroup_problems(tiling)) + list(overlap_problems(tiling)) + list(
-        pingpong_problems(tiling)) + list(blocks_problems(tiling)) + [(".blocks_per_sm", p) for p in register_problems(tiling, head_dims)]
+        pingpong_problems(tiling)) + list(blocks_problems(tiling)) + [
+        (".blocks_per_sm", p) for p in register_problems(tiling, head_dims)]
 
 
 def tiles_fit_shared_memory(spec: Spec):

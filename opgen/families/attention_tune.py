@@ -16,20 +16,20 @@ from opgen.families.contract import Tuner
 from opgen.plan import CompileJob
 from opgen.tune import Candidate
 
-# The candidates of each phase: every combination, in this order (block_m is the query rows of
-# a fwd block and the key rows of a bwd block; block_n the other side of its score tile), times
-# the phase's own keys of PHASE_SPACE (which override SEARCH_SPACE's). The rules keep block_m =
-# 64 * threads / 128 (or 64-192 rows on one warpgroup), the shared memory under 227 KB and the
+# The candidates of each phase: every combination, in this order (block_m is the query rows of a
+# fwd block and the key rows of a bwd block; block_n the other side of its score tile), times the
+# phase's own keys of PHASE_SPACE (which override SEARCH_SPACE's). The rules keep block_m = 64 *
+# threads / 128 (or 64-192 rows on one warpgroup), the shared memory under 227 KB and the
 # overlapped and ping-pong forwards on 256 threads. The forward also tries three consumer
-# warpgroups of 64 query rows (192 x block_n on 384 threads). Not timed (the rules accept them, and a spec's own
-# tiling is timed whatever it is): one warpgroup of 128 threads over more than 64 rows, which
-# was 1.38-2.85x slower than the winner at all 46 (spec, head dim, mask, phase) tuned on the
-# H200 in runs 34-94 (each such block had the SM to itself). One warpgroup of 64 rows is timed on
-# one block an SM and on two, the forward's also on three and four (blocks_per_sm; the rules keep
-# such blocks to 128 threads and their share of the SM's shared memory). The backward tries dQ
-# by bulk reduce-adds as well as by atomics (bulk_dq), and under a causal mask its query blocks
-# walked from the last one down (descending; without a causal mask every block walks them all,
-# so the order changes nothing and is not timed).
+# warpgroups of 64 query rows (192 x block_n on 384 threads). Not timed (the rules accept them,
+# and a spec's own tiling is timed whatever it is): one warpgroup of 128 threads over more than 64
+# rows, which was 1.38-2.85x slower than the winner at all 46 (spec, head dim, mask, phase) tuned
+# on the H200 in runs 34-94 (each such block had the SM to itself). One warpgroup of 64 rows is
+# timed on one block an SM and on two, the forward's also on three and four (blocks_per_sm; the
+# rules keep such blocks to 128 threads and their share of the SM's shared memory). The backward
+# tries dQ by bulk reduce-adds as well as by atomics (bulk_dq), and under a causal mask its query
+# blocks walked from the last one down (descending; without a causal mask every block walks them
+# all, so the order changes nothing and is not timed).
 SEARCH_SPACE = {
     "block_m": (64, 128),
     "block_n": (32, 64, 128),

@@ -434,15 +434,16 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
     fwd_bytes, bwd_bytes = weighted_bytes_moved(numel, channels, elem, w_elem)
     partials = 0 if p.dw_reduction == "atomic" else 4 * row_blocks * channels
     # "auto": what this shape's call saves.
-    saved = ("x", "w", "rstd") if p.saves_at(numel) else ("x", "w")
-    p = replace(p, saved=saved, recomputed=() if p.saves_at(numel) else ("rstd",))
+    saves = p.saves_at(numel)
+    p = replace(p, saved=("x", "w", "rstd") if saves else ("x", "w"),
+                recomputed=() if saves else ("rstd",))
     return explain_tables(
         p, (f"rows={rows} channels={channels} dtype={dtype} ({numel} elements; "
             f"eps={p.eps_literal}; C at most {p.max_channels})"),
         grids, sizes, "recomputed in backward from x",
         weight_grads_table(p, numel * elem, channels, row_blocks, row_blocks * channels),
         bytes_moved_table(fwd_bytes, bwd_bytes, "rstd",
-                          sizes["rstd"] if p.saves_at(numel) else 0,
+                          sizes["rstd"] if saves else 0,
                           partials),
         kernel_column=("shared memory", smem), tilings=tilings,
     )
