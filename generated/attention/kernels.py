@@ -437,6 +437,23 @@ def attention_fwd(
         T.fill(row_max, NEG_INIT)
 
     @T.macro
+    def normalize_rows(acc_o, row_max, row_denom, h):
+        """The output rows of query head h (acc_o, any row count) divided by their softmax
+        denominator."""
+        n_rows, _ = acc_o.shape
+        for i, j in T.Parallel(n_rows, dim):
+            acc_o[i, j] /= row_denom[i]
+
+    @T.macro
+    def store_lse(lse, row_max, row_denom, h, bz, first):
+        """lse of query head h's rows first, first + 1, ... (as many as row_max has), in the log2
+        domain. Stored by the loop that computes it, unguarded: TileLang guards each store past
+        padded_rows itself. A T.copy from the fragment, or a guard written here, costs its layout
+        inference ~2 s over the symbolic padded_rows (a cold first call waits for it)."""
+        for i in T.Parallel(row_max.shape[0]):
+            lse[bz, h, first + i] = T.log2(row_denom[i]) + row_max[i] * scale
+
+    @T.macro
     def finish_rows(O, lse, acc_o, row_max, row_denom, bx, h, bz, O_shared):
         """O and lse of query head h's rows of this block. O goes through O_shared (a free
         [block_m, dim] tile), stored by TMA in whole rows rather than by each thread's 4-byte
@@ -444,15 +461,10 @@ def attention_fwd(
         paired causal ones). The unpaired forward stages it in Q's tile; the paired and
         several-heads forwards finish rows inside their pipelined loop, where Q's tile is still
         in use, and stage it in a tile of their own."""
-        for i, j in T.Parallel(block_m, dim):
-            acc_o[i, j] /= row_denom[i]
+        normalize_rows(acc_o, row_max, row_denom, h)
         T.copy(acc_o, O_shared)
         T.copy(O_shared, rows(O, bz, h, bx * block_m, block_m))
-        # lse stored by the loop that computes it, unguarded: TileLang guards each store past
-        # padded_rows itself. A T.copy from the fragment, or a guard written here, costs its
-        # layout inference ~2 s over the symbolic padded_rows (a cold first call waits for it).
-        for i in T.Parallel(block_m):
-            lse[bz, h, bx * block_m + i] = T.log2(row_denom[i]) + row_max[i] * scale
+        store_lse(lse, row_max, row_denom, h, bz, bx * block_m)
 
     def key_blocks(bx):
         """[start, end) of the key blocks some query of query block bx sees: the others are
@@ -672,11 +684,9 @@ def attention_fwd(
             T.wgmma_gemm(acc_s_cast, V_shared[last, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
             T.wait_wgmma(0)
             T.mbarrier_arrive(v_free[last])
-            for i, j in T.Parallel(half, dim):
-                acc_o[i, j] /= row_denom[i]
+            normalize_rows(acc_o, row_max, row_denom, h)
             T.copy(acc_o, rows(O, bz, h, q_first, half))
-            for i in T.Parallel(half):
-                lse[bz, h, q_first + i] = T.log2(row_denom[i]) + row_max[i] * scale
+            store_lse(lse, row_max, row_denom, h, bz, q_first)
 
         @T.prim_func
         def fwd_pingpong(
