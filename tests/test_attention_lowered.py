@@ -19,16 +19,25 @@ TILING = {"preprocess": {"block_m": 32, "threads": 128}, "postprocess": {"block_
           "dsinks": {"block_m": 128, "threads": 128}}
 
 
-def lower(factory, args, tiling) -> str:
-    """The kernel's CUDA source, lowered as the compile check lowers it (without nvcc)."""
+def cuda_source(factory, args, tiling) -> str:
+    """The kernel's whole CUDA source, lowered as the compile check lowers it (without nvcc): with
+    the factory's pass configs and those the kernel carries itself (the factory's win)."""
     import tilelang
     from tvm import transform
     from tvm.target import Target
 
     target = {"kind": "cuda", "arch": "sm_90a"}
     func = factory.get_tir(*args, **tiling)
-    with transform.PassContext(opt_level=3, config=factory.pass_configs), Target(target):
-        source = tilelang.lower(func, target=target).kernel_source
+    attrs = func.attrs or {}
+    own = dict(attrs["tilelang_pass_configs"]) if "tilelang_pass_configs" in attrs else {}
+    configs = {**own, **(factory.pass_configs or {})}
+    with transform.PassContext(opt_level=3, config=configs), Target(target):
+        return tilelang.lower(func, target=target).kernel_source
+
+
+def lower(factory, args, tiling) -> str:
+    """The kernel's CUDA from its launch bounds on (cuda_source without the headers)."""
+    source = cuda_source(factory, args, tiling)
     return source[source.index("__launch_bounds__"):]
 
 
@@ -301,6 +310,16 @@ def test_descending_backward_walks_its_query_blocks_from_the_last_one_down():
     assert set(query_rows(True)) == {"(((((seq_len + 63) >> 6) * 64) - (query_step * 64)) - 64)"}
 
 
+PINGPONG = {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2, "pingpong": True}
+
+
+@pytest.fixture(scope="module")
+def pingpong_source():
+    """The whole CUDA source of gqa's ping-pong forward, D128 causal (32 / 8 heads, bf16)."""
+    gqa = import_generated("gqa", "kernels")
+    return cuda_source(gqa.gqa_fwd, (32, 8, 128, True, 0, "bshd", "bfloat16", 0.125), PINGPONG)
+
+
 def consumer_sections(source):
     """The code of consumer warpgroups 0 and 1 of a ping-pong forward, in order."""
     first = source.index("if (((int)threadIdx.x) < 128) {")
@@ -308,17 +327,14 @@ def consumer_sections(source):
     return source[first:second], source[second:]
 
 
-def test_the_pingpong_forward_has_its_two_warpgroups_take_turns_at_the_tensor_cores():
+def test_the_pingpong_forward_has_its_two_warpgroups_take_turns_at_the_tensor_cores(pingpong_source):
     """pingpong: two consumer warpgroups of 64 query rows (240 registers each) and a producer
     warpgroup (24) whose one warp loads the tiles by TMA, 384 threads in all. Before each key
     block's GEMMs warpgroup 0 waits on named barrier 1 and, once they are issued, arrives at
     barrier 2, on which warpgroup 1 waits; warpgroup 1 the other way round, arriving at barrier 1
     once before its first wait so that warpgroup 0 goes first. The one block-wide barrier is the
     mbarriers' set-up, before the warpgroups part."""
-    gqa = import_generated("gqa", "kernels")
-    args = (32, 8, 128, True, 0, "bshd", "bfloat16", 0.125)
-    tiling = {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2, "pingpong": True}
-    source = lower(gqa.gqa_fwd, args, tiling)
+    source = pingpong_source[pingpong_source.index("__launch_bounds__"):]
     assert source.startswith("__launch_bounds__(384, 1) fwd_pingpong_kernel("), source[:60]
     assert source.count("__syncthreads()") == 1
     assert source.index("__syncthreads()") < source.index("if (256 <= ((int)threadIdx.x)) {")
@@ -353,7 +369,7 @@ def test_a_windowed_call_of_a_pingpong_tiling_runs_the_overlapped_forward():
     assert "fwd_pingpong_kernel" in unwindowed
 
 
-def test_the_pingpong_forward_compiles_with_no_wgmma_serialized(tmp_path):
+def test_the_pingpong_forward_compiles_with_no_wgmma_serialized(pingpong_source, tmp_path):
     """ptxas keeps every WGMMA of the ping-pong forward asynchronous: a register a WGMMA reads,
     written between two issues, or a barrier's wait loop between them, makes it serialize all of
     them (warning C7513 or C7512), and the two warpgroups' GEMMs would no longer overlap the
@@ -361,18 +377,8 @@ def test_the_pingpong_forward_compiles_with_no_wgmma_serialized(tmp_path):
     import subprocess
 
     import tilelang
-    from tvm import transform
-    from tvm.target import Target
 
-    gqa = import_generated("gqa", "kernels")
-    tiling = {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2, "pingpong": True}
-    func = gqa.gqa_fwd.get_tir(32, 8, 128, True, 0, "bshd", "bfloat16", 0.125, **tiling)
-    # The kernel's own pass configs (its barriers are its own) with the factory's.
-    configs = {**dict(func.attrs["tilelang_pass_configs"]), **gqa.gqa_fwd.pass_configs}
-    target = {"kind": "cuda", "arch": "sm_90a"}
-    with transform.PassContext(opt_level=3, config=configs), Target(target):
-        source = tilelang.lower(func, target=target).kernel_source
-    (tmp_path / "fwd.cu").write_text(source)
+    (tmp_path / "fwd.cu").write_text(pingpong_source)
     root = Path(tilelang.__file__).parent
     result = subprocess.run(
         ["nvcc", "-gencode", "arch=compute_90a,code=sm_90a", "-cubin", "-o", str(tmp_path / "fwd.cubin"),
