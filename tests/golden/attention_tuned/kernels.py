@@ -1188,7 +1188,8 @@ def attention_tuned_bwd_postprocess(
     Blocks by < heads cast query head by of the fp32 dQ accumulator, times softmax_scale (the bwd
     kernel's dS leaves it out). Where the bwd kernel leaves dK and dV in fp32 buffers (split or
     atomic), kv_heads more blocks finish KV head by - heads of both: a split buffer's per-head
-    partials summed in a fixed order (deterministic), an atomic one's sum as it is, cast to dtype. One launch for every gradient the bwd kernel leaves in fp32.
+    partials summed in a fixed order (deterministic), an atomic one's sum as it is, cast to
+    dtype. One launch for every gradient the bwd kernel leaves in fp32.
     """
     batch, seq_len = runtime_dims()
     groups = heads // kv_heads
