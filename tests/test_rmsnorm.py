@@ -59,7 +59,7 @@ def test_minimal_spec_loads_every_default(project):
     assert (spec.rmsnorm.eps, spec.rmsnorm.weight_dtype, spec.rmsnorm.max_channels) == (
         1e-6, "input", 16384)
     assert (spec.grads.dx.reduction, spec.grads.dw.reduction) == ("direct", "atomic")
-    assert spec.saved.rstd == "save"
+    assert spec.saved.rstd == "auto"
     assert spec.tiling.fwd == DEFAULT_TILING["fwd"]
     assert spec.tiling.bwd == DEFAULT_TILING["bwd"]
     assert spec.test.shapes == ((3, 333, 77), (37, 5000), (4097,), (65, 8192))
@@ -319,7 +319,7 @@ def test_plan_test_cases_and_tail_case(project):
 
 
 def test_plan_compile_jobs(project):
-    p = plan_of(project)
+    p = plan_of(project, MINIMAL + '[saved]\nrstd = "save"\n')
     labels = [j.label for j in p.compile_jobs]
     # Per dtype: fwd x {recompute, save}, bwd x {recompute, save} x {atomic, split}; + a pair
     # per bench shape (C 4096, 8192, 1024) and its fwd without rstd (a call under no_grad); + the
@@ -406,7 +406,7 @@ def test_generate_is_deterministic(project, text):
 
 def test_generated_files_carry_the_spec_choices(project):
     files = generate(write(project, MINIMAL + "[rmsnorm]\neps = 1e-5\nmax_channels = 8192\n"
-                           "[test]\nshapes = [[3, 333, 77]]\n")).files
+                           '[saved]\nrstd = "save"\n[test]\nshapes = [[3, 333, 77]]\n')).files
     for name in ("autograd.py", "reference.py"):
         assert "\nEPS = 1e-05\n" in files[name], name
     assert "\nMAX_CHANNELS = 8192\n" in files["autograd.py"]

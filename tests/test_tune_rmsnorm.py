@@ -203,13 +203,17 @@ def test_tune_dry_run_compiles_the_candidates_of_a_channel_count(tmp_path, run_o
 def test_compile_job_is_the_kernel_the_timing_launches(tmp_path):
     """The compile check builds each candidate with the factory arguments the package's
     run_forward / run_backward launch it with at its C (bench dtype, the spec's saved rstd and
-    dw reduction), so the GPU timing loads the checked kernels from TileLang's cache."""
+    dw reduction), so the GPU timing loads the checked kernels from TileLang's cache. The saved
+    rstd is the public function's choice at the bench shape (saved.rstd = "auto": by its size)."""
+    import torch
+
     spec, gen = validate(RMSNORM, read_spec(REPO_ROOT / "specs/rmsnorm.toml")), \
         generate(REPO_ROOT / "specs/rmsnorm.toml")
     with tune.imported_package(gen.files, spec.name, tmp_path) as autograd:
         for c in tune.candidates(spec, max_candidates=1):
             job = tune.compile_job(spec, gen.plan, c)
-            args = (c.key[0], "bfloat16", "bfloat16", autograd.EPS, autograd.SAVE_RSTD)
+            x = torch.empty(RT.bench_rows(spec, c.key[0]), c.key[0], device="meta")
+            args = (c.key[0], "bfloat16", "bfloat16", autograd.EPS, autograd.save_rstd_for(x))
             expected = args if c.phase == "fwd" else (*args, autograd.DW_REDUCTION)
             assert job.args == expected and job.tiling == c.tiling_dict, c.label
             assert job.factory == f"rmsnorm_{c.phase}"

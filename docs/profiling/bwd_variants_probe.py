@@ -16,6 +16,10 @@ postprocess, host included), on the H200:
   what the dQ path costs the backward.
 - bulk-dq: the package's bwd with the tiling key bulk_dq (dQ staged and added by bulk
   reduce-adds), and its postprocess reading that layout.
+- pingpong: bwd_pingpong.bwd_pingpong (two consumer warpgroups of 64 keys taking turns at the
+  tensor cores, a partial dQ each, summed in shared memory and added by a writer warp) at the
+  package's block_n and stages (block_m 128, 256 threads), with the bulk_dq postprocess;
+  pingpong-bulk: its dQ partials added by the writer each as it is (dq_sum="bulk").
 
 Each case: the package's CallPlan, and copies of it whose three backward phases are replaced
 (the package's own preprocess and postprocess but for pairs, whose postprocess reads the
@@ -36,6 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bwd_schedules as S
+from bwd_pingpong import bwd_pingpong
 from bwd_ablations import ABLATIONS, edited_kernels
 
 from generated.attention import autograd as MHA, kernels as MHA_K, bench_attention as B
@@ -88,6 +93,10 @@ def tiling_of(name, package_tiling):
     ("overlap@128x64s2": block_m 128, block_n 64, 2 stages); bulk-dq's with bulk_dq."""
     if edit_of(name) == "bulk-dq":
         package_tiling = dict(package_tiling, bulk_dq=True)
+    if edit_of(name).startswith("pingpong"):
+        package_tiling = dict(package_tiling, block_m=128, threads=256, blocks_per_sm=1, bulk_dq=True)
+    if edit_of(name) == "pingpong-bulk":
+        package_tiling = dict(package_tiling, dq_sum="bulk")
     if "@" not in name:
         return package_tiling
     m, rest = name.split("@")[1].split("x")
@@ -107,9 +116,11 @@ def build_variants(cases):
         shipped = K._dq_layout
         for name in VARIANTS:
             bwd_factory = S.bwd_overlap if "overlap" in name else calls["bwd"][0]
+            if edit_of(name).startswith("pingpong"):
+                bwd_factory = bwd_pingpong
             (pre_factory, pre_args, pre_tiling), (post_factory, post_args, post_tiling) = (
                 calls["preprocess"], calls["postprocess"])
-            if edit_of(name) == "bulk-dq":  # the postprocess reads the bulk_dq layout
+            if edit_of(name) in ("bulk-dq", "pingpong", "pingpong-bulk"):  # the postprocess reads the bulk_dq layout
                 post_tiling = K.postprocess_tiling(post_tiling, True)
             if edit_of(name) in ABLATIONS:  # the edited module's three backward phases
                 E = edited_kernels(PACKAGE_DIRS[p], edit_of(name))

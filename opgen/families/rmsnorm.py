@@ -97,7 +97,7 @@ SCAFFOLDS = {
     "rmsnorm": scaffold(
         "RMSNorm y = x * rstd * w with a learnable per-channel w, fwd and bwd",
         DEFAULT_TILING, eps="1e-6", weight_dtype="input", max_channels=DEFAULT_MAX_CHANNELS,
-        dw="atomic", rstd="save", shapes=list(DEFAULT_TEST_SHAPES), bench_dtype="bfloat16",
+        dw="atomic", rstd="auto", shapes=list(DEFAULT_TEST_SHAPES), bench_dtype="bfloat16",
         bench=list(DEFAULT_BENCH_SHAPES),
     ),
 }
@@ -115,13 +115,15 @@ class RmsnormSection(StrictModel):
 class RmsnormSaved(StrictModel):
     # save: the forward writes one fp32 rstd per row for the backward (4 bytes a row). recompute:
     # the backward sums x^2 again from the row it loads anyway (a few FLOPs per element). auto:
-    # calls of at least AUTO_SAVE_FROM_ELEMENTS elements save it, smaller ones recompute it.
-    rstd: Literal["save", "recompute", "auto"] = "save"
+    # calls of at least AUTO_SAVE_FROM_ELEMENTS elements save it, smaller ones recompute it (the
+    # default since GPU run 179: a host-bound call's forward 16% faster, the bench shapes level).
+    rstd: Literal["save", "recompute", "auto"] = "auto"
 
 
 # saved.rstd = "auto": the smallest call (elements of x) that saves rstd. Below it a call is
 # host-bound: the rstd buffer's allocation and hand-off cost the forward ~4 us of host time
-# (H100, [8, 1024]: 24.3 us saved against 20.0 recomputed, eager 13.4-14.3), while the
+# (H100, [8, 1024]: 24.3 us saved against 20.0 recomputed, eager 13.4-14.3, GPU run 142; run
+# 179, the shipped spec against a copy with "auto": 23.8 against 20.0, eager 13.6), while the
 # recomputing backward's extra GPU time, a few FLOPs an element, stays under the launch's host
 # time. Far above it the backward is bandwidth-bound and recomputing costs 3-25% (4096 x 8192:
 # 0.118 ms against 0.094, GPU run 142).
