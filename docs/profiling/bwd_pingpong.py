@@ -1,5 +1,19 @@
-"""A backward whose two consumer warpgroups take turns at the tensor cores (not used by any
-package yet; measured by bwd_variants_probe.py's `pingpong` variant).
+"""A backward whose two consumer warpgroups take turns at the tensor cores: right, and not faster
+(GPU run 178, H100), so no package uses it. Its template form, a bwd tiling `pingpong` with its
+rule, tune space and lowered tests, is patches/bwd-pingpong.patch (render copies with it:
+render_copies.sh); bwd_variants_probe.py's `pingpong` variants time this file's kernel.
+
+Run 178 (copies of attention and gqa with every 128-key backward entry on it; 60 of 60
+test_matches_reference passed: odd lengths, D64 and D128, causal and full, MHA and GQA in_block),
+ms bwd through the public function, two rounds in one process (shipped / ping-pong):
+MHA fp16 B4 H16 S4096 D128 full 3.210, 3.126 / 3.211, 3.267; causal 1.747, 1.709 / 1.812, 1.823;
+D64 full 1.851, 1.850 / 1.862, 1.870; D64 causal 0.974, 1.017 / 1.022, 1.012; GQA bf16 B2 32/8
+D128 causal 1.746, 1.742 / 1.758, 1.757; full 3.070, 3.131 / 3.429, 3.402. Level to 4% slower,
+GQA full 10% slower (in_block: the group's heads walked by one block, its dQ partial summed and
+added per head). Not profiled: whatever the turns win on the tensor cores, the partial dQ
+tile's hand-off (warpgroup 1 waits for warpgroup 0's store, then loads, adds and stores 64
+values a thread) and the wait for each turn give back. dq_sum="bulk" (each partial added as
+it is) was built and not run.
 
 The shipped backward runs its two consumer warpgroups in step: both issue a GEMM, both wait for
 it, both compute P and dS while the tensor cores idle (run 159: tensor busy 48.7% of the D128

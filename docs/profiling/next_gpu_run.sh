@@ -17,29 +17,29 @@
 # tested, benched), then no start; session 39 an H100 after two refused starts (runs 166-173:
 # heads at a time dropped, dS without the scale, three backward entries re-tuned); session 40 an
 # H100 (runs 174-177: the tests as landed, the ping-pong forward probed, landed, tested and
-# benched against overlapped copies). Left, in this order:
-#   0. The benches on an H200 (an H100 came in every call of sessions 35-40), with the ping-pong
+# benched against overlapped copies); session 41 an H100 after eight refused starts (runs
+# 178-181: the ping-pong backward right and not faster; rmsnorm's "auto" tested, benched and
+# shipped; the window-1024 ncu gave no profile). Left, in this order:
+#   0. The benches on an H200 (an H100 came in every call of sessions 35-41), with the ping-pong
 #      forward: `PREBUILD=1 bash docs/profiling/next_gpu_run.sh bench attention attention_sink
 #      gqa`; and gqa's D128 full forward with pingpong against its overlapped entry, two rounds in
 #      one process (`SPEC_EDIT='/^causal = false/,/^fwd/s/overlap = true }/pingpong = true }/' bash
 #      docs/profiling/render_copies.sh - pp gqa`, then `MASK=full bash docs/profiling/rows_ab.sh
 #      gqa gqa_pp`; the probe had them level).
-#      Then rmsnorm's saved.rstd = "auto" (landed CPU-only in session 40; the shipped spec keeps
-#      "save"): a copy with it, `SPEC_EDIT='s/^rstd = "save"/rstd = "auto"/' bash
-#      docs/profiling/render_copies.sh - auto rmsnorm`, its tests and the golden rmsnorm_tuned's
-#      (`bash docs/profiling/next_gpu_run.sh tests rmsnorm_auto rmsnorm_tuned`), then `bash
-#      docs/profiling/next_gpu_run.sh bench rmsnorm rmsnorm_auto` (host rows at [8, 1024]: the
-#      target is fwd <= 1.5x eager; the big shapes must stay level). If both hold, the shipped
-#      spec takes "auto".
 #   1. Why the window-1024 backward (1.13x FlexAttention, 1.5x the target) runs at 0.68x the
-#      causal one's TF/s: ncu of it against the causal entry, `WINDOW=1024 python
-#      docs/profiling/ncu_attention.py attention_sink` to fill TileLang's cache, then
-#      `WINDOW=1024 bash docs/profiling/next_gpu_run.sh ncu attention_sink causal` (compare L2 hit
-#      rate, DRAM bytes, stalls with run 154's causal profile).
-#   2. The D128 backward (0.80-0.87x cuDNN full, 0.86x causal): its two consumer warpgroups run
-#      each phase in step, as the forward's did before the ping-pong (run 159's stall profile);
-#      the same turn-taking for the backward needs per-warpgroup dQ, which does not fit the
-#      registers at D128 with 128 key rows a block: a design is the next step, on the CPU.
+#      causal one's TF/s: `WINDOW=1024 python docs/profiling/ncu_attention.py attention_sink
+#      causal` to fill TileLang's cache, then `WINDOW=1024 bash docs/profiling/next_gpu_run.sh ncu
+#      attention_sink causal` with the default kernel regex (run 180's bwd-only regex left nothing
+#      after --launch-skip 6); run 181 stalled in ncu at the forward's first pass: if it stalls
+#      again, profile the backward alone with NCU_KERNELS='^bwd_kernel' and a smaller
+#      --launch-skip (edit the ncu line), and compare L2 hit rate, DRAM bytes, stalls with run
+#      154's causal profile.
+#   2. The D128 backward (0.80-0.87x cuDNN full, 0.86x causal): the ping-pong backward (run 178:
+#      right, level to 10% slower) is the next profile: `bash docs/profiling/render_copies.sh
+#      docs/profiling/patches/bwd-pingpong.patch bpp attention`, then `bash
+#      docs/profiling/next_gpu_run.sh source attention_bpp full` against the shipped kernel's
+#      run 159 (docs/gpu-logs/run159-source-attention-full-sass-h100.csv.gz): whether the turns
+#      wait on each other (named-barrier stalls) or the partial dQ hand-off is what it loses.
 #   3. The sinks backward (1.30x Flex) and the gpt-oss backward (1.39x): profile after 1.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
