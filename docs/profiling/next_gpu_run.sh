@@ -27,7 +27,13 @@
 #      docs/profiling/render_copies.sh - pp gqa`, then `MASK=full bash docs/profiling/rows_ab.sh
 #      gqa gqa_pp`; the probe had them level).
 #   1. Why the window-1024 backward (1.13x FlexAttention, 1.5x the target) runs at 0.68x the
-#      causal one's TF/s: `WINDOW=1024 python docs/profiling/ncu_attention.py attention_sink
+#      causal one's TF/s. First an A/B (session 41, CPU; ~3 minutes): windowed backward blocks
+#      launched blocks fastest, as full grids are (their blocks are all of one length, so the
+#      causal grid's heads-fastest order balances nothing, and key blocks running together
+#      would share query tiles and dQ rows in L2): `bash docs/profiling/render_copies.sh
+#      docs/profiling/patches/bwd-window-blocks-fastest.patch bf attention_sink`, then `MASK=window
+#      bash docs/profiling/rows_ab.sh attention_sink attention_sink_bf` (window 1024 and the
+#      gpt-oss shape). Then the profile: `WINDOW=1024 python docs/profiling/ncu_attention.py attention_sink
 #      causal` to fill TileLang's cache, then `WINDOW=1024 bash docs/profiling/next_gpu_run.sh ncu
 #      attention_sink causal` with the default kernel regex (run 180's bwd-only regex left nothing
 #      after --launch-skip 6); run 181 stalled in ncu at the forward's first pass: if it stalls

@@ -6,7 +6,8 @@ names):
     for p in attention attention_fwd_heads_by_8 attention attention_fwd_heads_by_8; do
         python docs/profiling/opgen_rows.py generated.$p.bench_attention causal; done
 
-The second argument, causal or full, keeps only those bench shapes; none keeps them all. Timing,
+The second argument, causal or full, keeps only those bench shapes (window: the windowed ones);
+none keeps them all. Timing,
 shapes and table are the bench's own (its stream_ms and main).
 """
 
@@ -23,6 +24,10 @@ if __name__ == "__main__":
 
     bench.candidates = opgen_only
     causal_field = bench.CASE_FIELDS.index("causal")
-    shapes = [s for s in bench.SHAPES if mask is None or s[causal_field] == (mask == "causal")]
+    if mask == "window":
+        window_field = bench.CASE_FIELDS.index("window")
+        shapes = [s for s in bench.SHAPES if s[window_field]]
+    else:
+        shapes = [s for s in bench.SHAPES if mask is None or s[causal_field] == (mask == "causal")]
     print(f"## {sys.argv[1]}")
     bench.main(shapes, "shapes", bench.Records())
