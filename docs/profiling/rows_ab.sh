@@ -3,7 +3,8 @@
 # package first run at once to compile its kernels (those timings thrown away), then two timed
 # rounds in turn. Args: packages, each NAME (generated/NAME/bench_NAME.py) or NAME:BENCH (a copy
 # that kept its original's bench_BENCH.py, as fwd_grid_probe.py's do). MASK=causal (default),
-# full, window (the windowed bench shapes) or all. Log: $OUT/rows_ab.log. Run 150 (the forward's launch order):
+# full, window (the windowed bench shapes) or all. Log: $OUT/rows_ab.log. Run 150 (the forward's
+# launch order):
 #   bash docs/profiling/rows_ab.sh attention attention_fwd_heads_fastest:attention \
 #     attention_fwd_heads_by_8:attention gqa gqa_fwd_heads_fastest:gqa gqa_fwd_heads_by_8:gqa
 cd "$(dirname "$0")/../.."
