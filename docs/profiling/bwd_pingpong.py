@@ -69,7 +69,7 @@ def bwd_pingpong(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sc
     dq_shape = _shape(layout, batch, heads, padded_dim(), dim)
     dk_shape, dk_dtype = dkv_buffer(layout, dk_reduction, batch, heads, kv_heads, seq_len, dim, dtype)
     dv_shape, dv_dtype = dkv_buffer(layout, dv_reduction, batch, heads, kv_heads, seq_len, dim, dtype)
-    rows, elem, _ = _indexers(layout)
+    rows, elem, index = _indexers(layout)
     visible = _visibility(seq_len, causal, window)
     needs_mask = _needs_mask(seq_len, causal, window)
     grid = launch_grid(causal, T.ceildiv(seq_len, block_m), kv_heads if in_block else heads)
@@ -172,13 +172,13 @@ def bwd_pingpong(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sc
         elif dv_reduction == "split":
             for i, j in T.Parallel(half, dim):
                 if first + i < seq_len:
-                    T.buffer_store(dV, dv[i, j], _indexers(layout)[2]((bx % groups) * batch + bz, bx // groups, first + i, j))
-                    T.buffer_store(dK, dk[i, j], _indexers(layout)[2]((bx % groups) * batch + bz, bx // groups, first + i, j))
+                    T.buffer_store(dV, dv[i, j], index((bx % groups) * batch + bz, bx // groups, first + i, j))
+                    T.buffer_store(dK, dk[i, j], index((bx % groups) * batch + bz, bx // groups, first + i, j))
         else:  # direct or in_block: bx is the KV head
             for i, j in T.Parallel(half, dim):
                 if first + i < seq_len:
-                    T.buffer_store(dV, T.cast(dv[i, j], dtype), _indexers(layout)[2](bz, bx, first + i, j))
-                    T.buffer_store(dK, T.cast(dk[i, j], dtype), _indexers(layout)[2](bz, bx, first + i, j))
+                    T.buffer_store(dV, T.cast(dv[i, j], dtype), index(bz, bx, first + i, j))
+                    T.buffer_store(dK, T.cast(dk[i, j], dtype), index(bz, bx, first + i, j))
 
     @T.prim_func
     def bwd(

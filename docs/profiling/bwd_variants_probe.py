@@ -120,7 +120,8 @@ def build_variants(cases):
                 bwd_factory = bwd_pingpong
             (pre_factory, pre_args, pre_tiling), (post_factory, post_args, post_tiling) = (
                 calls["preprocess"], calls["postprocess"])
-            if edit_of(name) in ("bulk-dq", "pingpong", "pingpong-bulk"):  # the postprocess reads the bulk_dq layout
+            # The postprocess reads the bulk_dq layout.
+            if edit_of(name) in ("bulk-dq", "pingpong", "pingpong-bulk"):
                 post_tiling = K.postprocess_tiling(post_tiling, True)
             if edit_of(name) in ABLATIONS:  # the edited module's three backward phases
                 E = edited_kernels(PACKAGE_DIRS[p], edit_of(name))

@@ -7,8 +7,7 @@ names):
         python docs/profiling/opgen_rows.py generated.$p.bench_attention causal; done
 
 The second argument, causal or full, keeps only those bench shapes (window: the windowed ones);
-none keeps them all. Timing,
-shapes and table are the bench's own (its stream_ms and main).
+none keeps them all. Timing, shapes and table are the bench's own (its stream_ms and main).
 """
 
 import importlib
