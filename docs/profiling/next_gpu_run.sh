@@ -46,6 +46,13 @@
 #      docs/profiling/next_gpu_run.sh source attention_bpp full` against the shipped kernel's
 #      run 159 (docs/gpu-logs/run159-source-attention-full-sass-h100.csv.gz): whether the turns
 #      wait on each other (named-barrier stalls) or the partial dQ hand-off is what it loses.
+#      A direction not yet written (session 41, CPU): dQ's accumulation is about the whole D128
+#      gap (run 136: without its atomics the backward takes 0.70-0.87x the time) and bulk adds
+#      did not shrink it, so halve the adds rather than their instructions: two key blocks of
+#      one head in a cluster (T.Kernel(..., cluster_dims=2)) sum their dQ tiles in one block's
+#      shared memory (T.copy_cluster(src, dst, dst_block=..., remote_barrier=...): an SM-to-SM
+#      bulk copy) and that block adds the sum; the same cluster could multicast each step's q
+#      and dO (T.tma_copy(..., cluster_mask=0b11)), which both blocks read.
 #   3. The sinks backward (1.30x Flex) and the gpt-oss backward (1.39x): profile after 1.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
