@@ -17,7 +17,7 @@
 # tested, benched), then no start; session 39 an H100 after two refused starts (runs 166-173:
 # heads at a time dropped, dS without the scale, three backward entries re-tuned); session 40 an
 # H100 (runs 174-177: the tests as landed, the ping-pong forward probed, landed, tested and
-# benched against overlapped copies); session 41 an H100 after eight refused starts (runs
+# benched against overlapped copies); session 41 an H100 after thirteen refused calls (runs
 # 178-181: the ping-pong backward right and not faster; rmsnorm's "auto" tested, benched and
 # shipped; the window-1024 ncu gave no profile). Left, in this order:
 #   0. The benches on an H200 (an H100 came in every call of sessions 35-41), with the ping-pong
