@@ -20,6 +20,9 @@ postprocess, host included), on the H200:
   tensor cores, a partial dQ each, summed in shared memory and added by a writer warp) at the
   package's block_n and stages (block_m 128, 256 threads), with the bulk_dq postprocess;
   pingpong-bulk: its dQ partials added by the writer each as it is (dq_sum="bulk").
+- cluster: bwd_cluster.bwd_cluster (key blocks in clusters of two, rank 1's dQ tile added to
+  rank 0's in shared memory before one bulk add) at the package's block_n and stages, with the
+  bulk_dq postprocess; full attention only: a causal or windowed case runs the package's bwd.
 
 Each case: the package's CallPlan, and copies of it whose three backward phases are replaced
 (the package's own preprocess and postprocess but for pairs, whose postprocess reads the
@@ -40,6 +43,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bwd_schedules as S
+from bwd_cluster import bwd_cluster
 from bwd_pingpong import bwd_pingpong
 from bwd_ablations import ABLATIONS, edited_kernels
 
@@ -93,7 +97,7 @@ def tiling_of(name, package_tiling):
     ("overlap@128x64s2": block_m 128, block_n 64, 2 stages); bulk-dq's with bulk_dq."""
     if edit_of(name) == "bulk-dq":
         package_tiling = dict(package_tiling, bulk_dq=True)
-    if edit_of(name).startswith("pingpong"):
+    if edit_of(name).startswith("pingpong") or edit_of(name) == "cluster":
         package_tiling = dict(package_tiling, block_m=128, threads=256, blocks_per_sm=1, bulk_dq=True)
     if edit_of(name) == "pingpong-bulk":
         package_tiling = dict(package_tiling, dq_sum="bulk")
@@ -118,10 +122,16 @@ def build_variants(cases):
             bwd_factory = S.bwd_overlap if "overlap" in name else calls["bwd"][0]
             if edit_of(name).startswith("pingpong"):
                 bwd_factory = bwd_pingpong
+            bwd_tiling = tiling_of(name, calls["bwd"][2])
+            if edit_of(name) == "cluster":
+                if c or w:  # the package's own backward
+                    bwd_tiling = calls["bwd"][2]
+                else:
+                    bwd_factory = bwd_cluster
             (pre_factory, pre_args, pre_tiling), (post_factory, post_args, post_tiling) = (
                 calls["preprocess"], calls["postprocess"])
             # The postprocess reads the bulk_dq layout.
-            if edit_of(name) in ("bulk-dq", "pingpong", "pingpong-bulk"):
+            if edit_of(name) in ("bulk-dq", "pingpong", "pingpong-bulk") or bwd_factory is bwd_cluster:
                 post_tiling = K.postprocess_tiling(post_tiling, True)
             if edit_of(name) in ABLATIONS:  # the edited module's three backward phases
                 E = edited_kernels(PACKAGE_DIRS[p], edit_of(name))
@@ -131,7 +141,7 @@ def build_variants(cases):
             try:
                 jobs[key + (name,)] = (
                     (pre_factory, pre_factory.get_tir(*pre_args, **pre_tiling)),
-                    (bwd_factory, bwd_factory.get_tir(*calls["bwd"][1], **tiling_of(name, calls["bwd"][2]))),
+                    (bwd_factory, bwd_factory.get_tir(*calls["bwd"][1], **bwd_tiling)),
                     (post_factory, post_factory.get_tir(*post_args, **post_tiling)))
             finally:
                 K._dq_layout = S._dq_layout = shipped

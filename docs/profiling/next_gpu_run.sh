@@ -46,13 +46,15 @@
 #      docs/profiling/next_gpu_run.sh source attention_bpp full` against the shipped kernel's
 #      run 159 (docs/gpu-logs/run159-source-attention-full-sass-h100.csv.gz): whether the turns
 #      wait on each other (named-barrier stalls) or the partial dQ hand-off is what it loses.
-#      A direction not yet written (session 41, CPU): dQ's accumulation is about the whole D128
-#      gap (run 136: without its atomics the backward takes 0.70-0.87x the time) and bulk adds
-#      did not shrink it, so halve the adds rather than their instructions: two key blocks of
-#      one head in a cluster (T.Kernel(..., cluster_dims=2)) sum their dQ tiles in one block's
-#      shared memory (T.copy_cluster(src, dst, dst_block=..., remote_barrier=...): an SM-to-SM
-#      bulk copy) and that block adds the sum; the same cluster could multicast each step's q
-#      and dO (T.tma_copy(..., cluster_mask=0b11)), which both blocks read.
+#      Then the cluster backward (session 41, CPU only: docs/profiling/bwd_cluster.py; it lowers
+#      and compiles for sm_90a, 12 bytes of spill at D128, WGMMAs serialized at D64 128x128): dQ's
+#      accumulation is about the whole D128 gap (run 136: without its atomics the backward takes
+#      0.70-0.87x the time) and bulk adds did not shrink it, so it halves the adds instead: key
+#      blocks 2c and 2c + 1 of a head form a cluster, rank 1 sends its dQ tile to rank 0 by an
+#      SM-to-SM bulk copy, rank 0 adds the two and bulk-adds the sum (full attention only):
+#      `VARIANTS="cluster,cluster@128x64s2" timeout 500 python docs/profiling/bwd_variants_probe.py`
+#      (odd shapes checked first; causal cases run the package's kernel). If it gains, the same
+#      cluster could also multicast each step's q and dO (T.tma_copy(..., cluster_mask=0b11)).
 #   3. The sinks backward (1.30x Flex) and the gpt-oss backward (1.39x): profile after 1.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
