@@ -1,19 +1,21 @@
 """A backward whose key blocks pair up in clusters of two to add half as many dQ tiles (not used
-by any package; not yet run on a GPU; time it with bwd_variants_probe.py's `cluster` variant).
+by any package; not yet run on a GPU; time it with bwd_variants_probe.py's `cluster` variant,
+which runs it where it applies: the MHA cases).
 
 dQ's accumulation is about the whole D128 backward's gap to cuDNN (run 136: without its atomics
 the backward takes 0.70-0.87x the time) and bulk reduce-adds did not shrink it (fewer
 instructions, as many bytes reduced in L2). Here key blocks 2c and 2c + 1 of a head form a
-cluster and walk the same query blocks in step (full attention: every key block sees every
-query block): rank 1 sends its dQ tile into rank 0's shared memory by an SM-to-SM bulk copy,
-rank 0 adds it to its own and its writer warp adds the sum into the accumulator (the bulk_dq
-layout), so L2 reduces one tile per pair of key blocks. The math of a step is the shipped
+cluster and walk the same query blocks in step: rank 1 sends its dQ tile into rank 0's shared
+memory by an SM-to-SM bulk copy, rank 0 adds it to its own and its writer warp adds the sum into
+the accumulator (the bulk_dq layout), so L2 reduces one tile per pair of key blocks. The math of a step is the shipped
 kernel's (both consumer warpgroups on 64 keys each, dQ's columns split between them); a loader
 warp brings K and V once and q, dO, lse and Delta per step by TMA.
 
-Full attention only (a causal or windowed key block pair walks different query blocks), block_m
-128 on 256 consumer threads, key blocks in grid order (blocks fastest, as full grids are), their
-count padded to even: a rank-1 block past the last key computes nothing but still sends zeros.
+Causal: rank 1's keys start block_m / block_n query blocks later, so rank 0 adds its first
+tiles alone; the grid runs heads fastest (launch_grid's causal order) with the pair along the
+key-block axis. No window, no descending walk, no in_block dK/dV; block_m 128 on 256 consumer
+threads; the key-block count padded to even: a rank-1 block past the last key walks no query
+block (causal) or sends zero tiles (full).
 """
 import os
 import sys
@@ -24,8 +26,8 @@ import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
 from generated.attention.kernels import (ACCUM, DQ_TILE, LOG2E, _dq_layout, _indexers, _input, _needs_mask,
-                                         _shape, _swizzled, _visibility, dkv_buffer, padded_dim,
-                                         runtime_dims)
+                                         _shape, _swizzled, _visibility, dkv_buffer, launch_block,
+                                         launch_grid, padded_dim, runtime_dims)
 
 CONSUMERS = 1  # named barrier of the 256 consumer threads
 
@@ -35,8 +37,7 @@ CONSUMERS = 1  # named barrier of the 256 consumer threads
 def bwd_cluster(heads, kv_heads, dim, causal, window, layout, dtype, softmax_scale, dk_reduction,
                 dv_reduction, block_m, block_n, threads, num_stages, blocks_per_sm=1, bulk_dq=True,
                 descending=False):
-    assert not causal and not window, "full attention: both blocks of a pair walk every query block"
-    assert block_m == 128 and threads == 256 and dk_reduction != "in_block"
+    assert not window and not descending and block_m == 128 and threads == 256 and dk_reduction != "in_block"
     batch, seq_len = runtime_dims()
     scale = softmax_scale * LOG2E
     groups = heads // kv_heads
@@ -75,8 +76,10 @@ def bwd_cluster(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sca
         dV: T.Tensor(dv_shape, dv_dtype),
     ):
         T.annotate_pass_configs({tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True})
-        with T.Kernel(T.ceildiv(seq_len, 2 * block_m) * 2, heads, batch, threads=threads + 128,
-                      cluster_dims=(2, 1, 1)) as (by, bx, bz):
+        grid = launch_grid(causal, T.ceildiv(seq_len, 2 * block_m) * 2, heads)
+        with T.Kernel(grid[0], grid[1], batch, threads=threads + 128,
+                      cluster_dims=(1, 2, 1) if causal else (2, 1, 1)) as (launch_x, launch_y, bz):
+            by, bx = launch_block(causal, launch_x, launch_y)
             rank = T.block_rank_in_cluster()
             K_shared = T.alloc_shared([block_m, dim], dtype)
             V_shared = T.alloc_shared([block_m, dim], dtype)
@@ -100,6 +103,10 @@ def bwd_cluster(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sca
             dq_empty = T.alloc_barrier(1)
             recv_full = T.alloc_barrier(1)  # rank 0: rank 1's tile arrived (its copy's arrival)
             recv_empty = T.alloc_barrier(1)  # rank 1: rank 0 has added its last tile
+            # Query blocks [start, n); rank 1's start `lead` blocks after rank 0's (causal), so
+            # rank 0 adds its first `lead` tiles alone.
+            lead = block_m // block_n if causal else 0
+            start = T.floordiv(by * block_m, block_n) if causal else 0
             n = T.ceildiv(seq_len, block_n)
             kv_head = bx // groups
             tx = T.get_thread_binding()
@@ -110,9 +117,9 @@ def bwd_cluster(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sca
                 T.tma_copy(rows(K, bz, kv_head, by * block_m, block_m), K_shared, barrier=kv_ready)
                 T.tma_copy(rows(V, bz, kv_head, by * block_m, block_m), V_shared, barrier=kv_ready)
                 T.mbarrier_arrive(kv_ready)
-                for k in T.serial(n):
-                    stage = k % num_stages
-                    T.mbarrier_wait_parity(data_free[stage], ((k // num_stages) % 2) ^ 1)
+                for step in T.serial(n - start):
+                    stage, k = step % num_stages, start + step
+                    T.mbarrier_wait_parity(data_free[stage], ((step // num_stages) % 2) ^ 1)
                     T.tma_copy(rows(Q, bz, bx, k * block_n, block_n), q_s[stage, :, :], barrier=data_ready[stage])
                     T.tma_copy(rows(dO, bz, bx, k * block_n, block_n), do_s[stage, :, :], barrier=data_ready[stage])
                     T.tma_copy(lse[bz, bx, k * block_n : (k + 1) * block_n], lse_s[stage, :], barrier=data_ready[stage])
@@ -121,8 +128,9 @@ def bwd_cluster(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sca
                     T.mbarrier_arrive(data_ready[stage])
             if tx >= threads + 32 and tx < threads + 64:  # rank 0's dQ writer
                 if rank == 0:
-                    for k in T.serial(n):
-                        T.mbarrier_wait_parity(dq_full, k % 2)
+                    for step in T.serial(n - start):
+                        k = start + step
+                        T.mbarrier_wait_parity(dq_full, step % 2)
                         if tx == threads + 32:
                             for t in T.serial(block_n // DQ_TILE):
                                 if k * block_n + t * DQ_TILE < dq_rows:
@@ -148,9 +156,9 @@ def bwd_cluster(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sca
                 T.fill(dv, 0)
                 T.fill(dk, 0)
                 T.mbarrier_wait_parity(kv_ready, 0)
-                for k in T.serial(n):
-                    stage = k % num_stages
-                    T.mbarrier_wait_parity(data_ready[stage], (k // num_stages) % 2)
+                for step in T.serial(n - start):
+                    stage, k = step % num_stages, start + step
+                    T.mbarrier_wait_parity(data_ready[stage], (step // num_stages) % 2)
                     T.gemm(K_shared, q_s[stage, :, :], qkT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow,
                            clear_accum=True)
                     for i, j in T.Parallel(block_m, block_n):
@@ -172,21 +180,25 @@ def bwd_cluster(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sca
                     T.mbarrier_arrive(data_free[stage])
                     if rank == 1:
                         # dq_s is free once rank 0 has added the last tile sent from it.
-                        T.mbarrier_wait_parity(recv_empty, (k % 2) ^ 1)
+                        T.mbarrier_wait_parity(recv_empty, (step % 2) ^ 1)
                         T.copy(dq, dq_s)
                         T.fence_proxy_async()
                         T.sync_threads(CONSUMERS, threads)
                         if tx == 0:
                             T.copy_cluster(dq_s, dq_recv, dst_block=0, remote_barrier=recv_full[0])
                     else:
-                        T.mbarrier_wait_parity(dq_empty, (k % 2) ^ 1)
-                        T.mbarrier_wait_parity(recv_full, k % 2)
-                        for i, j in T.Parallel(block_n, dim):
-                            dq_s[i, j] = dq[i, j] + dq_recv[i, j]
-                        T.fence_proxy_async()
-                        T.sync_threads(CONSUMERS, threads)
-                        if tx == 0:
-                            T.ptx_arrive_cluster_barrier(recv_empty[0], 1)
+                        T.mbarrier_wait_parity(dq_empty, (step % 2) ^ 1)
+                        if step < lead:
+                            T.copy(dq, dq_s)
+                            T.fence_proxy_async()
+                        else:
+                            T.mbarrier_wait_parity(recv_full, (step - lead) % 2)
+                            for i, j in T.Parallel(block_n, dim):
+                                dq_s[i, j] = dq[i, j] + dq_recv[i, j]
+                            T.fence_proxy_async()
+                            T.sync_threads(CONSUMERS, threads)
+                            if tx == 0:
+                                T.ptx_arrive_cluster_barrier(recv_empty[0], 1)
                         T.mbarrier_arrive(dq_full)
                 for i, j in T.Parallel(block_m, dim):
                     dk[i, j] *= softmax_scale

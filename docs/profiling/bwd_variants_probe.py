@@ -22,7 +22,8 @@ postprocess, host included), on the H200:
   pingpong-bulk: its dQ partials added by the writer each as it is (dq_sum="bulk").
 - cluster: bwd_cluster.bwd_cluster (key blocks in clusters of two, rank 1's dQ tile added to
   rank 0's in shared memory before one bulk add) at the package's block_n and stages, with the
-  bulk_dq postprocess; full attention only: a causal or windowed case runs the package's bwd.
+  bulk_dq postprocess; a windowed, descending or in_block case runs the package's bwd (so
+  only the MHA cases time it).
 
 Each case: the package's CallPlan, and copies of it whose three backward phases are replaced
 (the package's own preprocess and postprocess but for pairs, whose postprocess reads the
@@ -124,8 +125,8 @@ def build_variants(cases):
                 bwd_factory = bwd_pingpong
             bwd_tiling = tiling_of(name, calls["bwd"][2])
             if edit_of(name) == "cluster":
-                if c or w:  # the package's own backward
-                    bwd_tiling = calls["bwd"][2]
+                if w or bwd_tiling.get("descending") or calls["bwd"][1][8] == "in_block":
+                    bwd_tiling = calls["bwd"][2]  # what it does not do: the package's own backward
                 else:
                     bwd_factory = bwd_cluster
             (pre_factory, pre_args, pre_tiling), (post_factory, post_args, post_tiling) = (

@@ -51,9 +51,10 @@
 #      accumulation is about the whole D128 gap (run 136: without its atomics the backward takes
 #      0.70-0.87x the time) and bulk adds did not shrink it, so it halves the adds instead: key
 #      blocks 2c and 2c + 1 of a head form a cluster, rank 1 sends its dQ tile to rank 0 by an
-#      SM-to-SM bulk copy, rank 0 adds the two and bulk-adds the sum (full attention only):
-#      `VARIANTS="cluster,cluster@128x64s2" timeout 500 python docs/profiling/bwd_variants_probe.py`
-#      (odd shapes checked first; causal cases run the package's kernel). If it gains, the same
+#      SM-to-SM bulk copy, rank 0 adds the two and bulk-adds the sum (no window, descending walk
+#      or in_block dK/dV: the MHA cases): `VARIANTS="cluster,cluster@128x64s2" timeout 500
+#      python docs/profiling/bwd_variants_probe.py` (odd shapes checked first; the other cases
+#      run the package's kernel). If it gains, the same
 #      cluster could also multicast each step's q and dO (T.tma_copy(..., cluster_mask=0b11)).
 #   3. The sinks backward (1.30x Flex) and the gpt-oss backward (1.39x): profile after 1.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
