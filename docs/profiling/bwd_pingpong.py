@@ -95,7 +95,7 @@ def bwd_pingpong(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sc
             T.named_barrier_arrive(2 - w, threads)
 
     @T.macro
-    def consumer(w, Q, dO, lse, Delta, dQ, dK, dV, K_shared, V_shared, q_s, do_s, lse_s, delta_s, ds_s,
+    def consumer(w, dK, dV, K_shared, V_shared, q_s, do_s, lse_s, delta_s, ds_s,
                  dq_s, kv_ready, data_ready, data_free, dq_full, dq_empty, bx, by, bz, loop_start,
                  loop_end, n):
         T.set_max_nreg(240, 1)
@@ -261,11 +261,11 @@ def bwd_pingpong(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sc
                 if tx == threads + 32:
                     T.tma_store_wait(0, read=False)
             with T.ws(0):
-                consumer(0, Q, dO, lse, Delta, dQ, dK, dV, K_shared, V_shared, q_s, do_s, lse_s, delta_s, ds_s,
+                consumer(0, dK, dV, K_shared, V_shared, q_s, do_s, lse_s, delta_s, ds_s,
                          dq_s, kv_ready, data_ready, data_free, dq_full, dq_empty, bx, by, bz, loop_start,
                          loop_end, n)
             with T.ws(1):
-                consumer(1, Q, dO, lse, Delta, dQ, dK, dV, K_shared, V_shared, q_s, do_s, lse_s, delta_s, ds_s,
+                consumer(1, dK, dV, K_shared, V_shared, q_s, do_s, lse_s, delta_s, ds_s,
                          dq_s, kv_ready, data_ready, data_free, dq_full, dq_empty, bx, by, bz, loop_start,
                          loop_end, n)
 

@@ -444,9 +444,7 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
             f"eps={p.eps_literal}; C at most {p.max_channels})"),
         grids, sizes, "recomputed in backward from x",
         weight_grads_table(p, numel * elem, channels, row_blocks, row_blocks * channels),
-        bytes_moved_table(fwd_bytes, bwd_bytes, "rstd",
-                          sizes["rstd"] if saves else 0,
-                          partials),
+        bytes_moved_table(fwd_bytes, bwd_bytes, "rstd", sizes["rstd"] if saves else 0, partials),
         kernel_column=("shared memory", smem), tilings=tilings,
     )
 
