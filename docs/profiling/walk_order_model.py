@@ -19,6 +19,12 @@ level), with the causal MHA backward at ~2x the full one's traffic (run 154: 3x 
 per unit of work). Where it was wrong: it put 4 or 8 heads at a time at the MHA causal
 backward's traffic floor, and run 166 measured 1.5% faster on MHA D128 and 3% slower with
 grouped heads; traffic alone does not rank orders whose makespans differ little.
+Session 42, the window-1024 backward on its run-167 tiling (128-key blocks, 64-row query tiles):
+the model has the shipped order missing 49% of the tile bytes (ncu, run 185: L2 hit rate 56%)
+and key blocks fastest 86% (run 182: 24% slower), but in_block walking one head at a time
+("heads outer") 14%, and run 186 measured that 11% slower: either the hit rate it gains is
+not what that kernel waits on, or its stride through dQ rows costs more than the model's LRU
+sees; an ncu of both copies says which.
 """
 
 import heapq
@@ -57,6 +63,8 @@ def replay(case, n, order):
         walk = per_walk[by]
         if order == "down":
             walk = walk[::-1]
+        if order == "heads outer":  # in_block: every query block of one head, then the next head
+            return [(k, hb * group + g) for g in range(group) for k in walk]
         return [(k, hb * group + g) for k in walk for g in range(group)]
 
     accesses = []  # (time, slot, tile)
@@ -97,8 +105,9 @@ CASES = {
     # B2 32/8 in_block: a block per KV head walks its group's 4 query heads.
     "GQA D128 causal": dict(key_blocks=32, query_blocks=64, ratio=2, causal=True, window=0,
                             group=4, head_blocks=8, batch=2, rows=64, dim=128),
-    # sinks at window 1024 on 64 x 64 blocks: 16 query blocks past the diagonal's.
-    "GQA D128 window 1024": dict(key_blocks=64, query_blocks=64, ratio=1, causal=True, window=16,
+    # sinks at window 1024 on 128-key blocks and 64-row query tiles (the tuned tiling since
+    # run 167; session 38's log is of 64 x 64 blocks): 16 query blocks past the diagonal's two.
+    "GQA D128 window 1024": dict(key_blocks=32, query_blocks=64, ratio=2, causal=True, window=16,
                                  group=4, head_blocks=8, batch=2, rows=64, dim=128),
 }
 
@@ -107,14 +116,16 @@ if __name__ == "__main__":
 
     L2_BYTES = int(sys.argv[1]) * 2**20 if len(sys.argv) > 1 else L2_BYTES
     print(f"L2 of {L2_BYTES >> 20} MB")
-    print("case | head blocks at a time | walking up: DRAM KB a step, makespan / ideal | walking down")
+    orders = ("up", "down", "heads outer")
+    print("case | head blocks at a time | " + " | ".join(
+        f"{o}: DRAM KB a step, makespan / ideal" for o in orders))
     for name, case in CASES.items():
         for n in (1, 2, 4, 8, 16):
             if n > case["head_blocks"] or (not case["causal"] and n > 1):
                 continue  # full grids launch key blocks fastest (n = 1)
             shipped = " (shipped)" if n == (case["head_blocks"] if case["causal"] else 1) else ""
             cells = []
-            for order in ("up", "down"):
+            for order in orders:
                 traffic, span = replay(case, n, order)
                 cells.append(f"{traffic / 1024:.1f}, {span:.3f}")
             print(f"{name} | {n}{shipped} | " + " | ".join(cells))
