@@ -19,44 +19,32 @@
 # H100 (runs 174-177: the tests as landed, the ping-pong forward probed, landed, tested and
 # benched against overlapped copies); session 41 an H100 after thirteen refused calls (runs
 # 178-181: the ping-pong backward right and not faster; rmsnorm's "auto" tested, benched and
-# shipped; the window-1024 ncu gave no profile). Left, in this order:
-#   0. The benches on an H200 (an H100 came in every call of sessions 35-41), with the ping-pong
-#      forward: `PREBUILD=1 bash docs/profiling/next_gpu_run.sh bench attention attention_sink
-#      gqa`; and gqa's D128 full forward with pingpong against its overlapped entry, two rounds in
-#      one process (`SPEC_EDIT='/^causal = false/,/^fwd/s/overlap = true }/pingpong = true }/' bash
-#      docs/profiling/render_copies.sh - pp gqa`, then `MASK=full bash docs/profiling/rows_ab.sh
-#      gqa gqa_pp`; the probe had them level).
-#   1. Why the window-1024 backward (1.13x FlexAttention, 1.5x the target) runs at 0.68x the
-#      causal one's TF/s. First an A/B (session 41, CPU; ~3 minutes): windowed backward blocks
-#      launched blocks fastest, as full grids are (their blocks are all of one length, so the
-#      causal grid's heads-fastest order balances nothing, and key blocks running together
-#      would share query tiles and dQ rows in L2): `bash docs/profiling/render_copies.sh
-#      docs/profiling/patches/bwd-window-blocks-fastest.patch bf attention_sink`, then `MASK=window
-#      bash docs/profiling/rows_ab.sh attention_sink attention_sink_bf` (window 1024 and the
-#      gpt-oss shape). Then the profile: `WINDOW=1024 python docs/profiling/ncu_attention.py attention_sink
-#      causal` to fill TileLang's cache, then `WINDOW=1024 bash docs/profiling/next_gpu_run.sh ncu
-#      attention_sink causal` with the default kernel regex (run 180's bwd-only regex left nothing
-#      after --launch-skip 6); run 181 stalled in ncu at the forward's first pass: if it stalls
-#      again, profile the backward alone with NCU_KERNELS='^bwd_kernel' and a smaller
-#      --launch-skip (edit the ncu line), and compare L2 hit rate, DRAM bytes, stalls with run
-#      154's causal profile.
-#   2. The D128 backward (0.80-0.87x cuDNN full, 0.86x causal): the ping-pong backward (run 178:
-#      right, level to 10% slower) is the next profile: `bash docs/profiling/render_copies.sh
-#      docs/profiling/patches/bwd-pingpong.patch bpp attention`, then `bash
-#      docs/profiling/next_gpu_run.sh source attention_bpp full` against the shipped kernel's
-#      run 159 (docs/gpu-logs/run159-source-attention-full-sass-h100.csv.gz): whether the turns
-#      wait on each other (named-barrier stalls) or the partial dQ hand-off is what it loses.
-#      Then the cluster backward (session 41, CPU only: docs/profiling/bwd_cluster.py; it lowers
-#      and compiles for sm_90a, 12 bytes of spill at D128, WGMMAs serialized at D64 128x128): dQ's
-#      accumulation is about the whole D128 gap (run 136: without its atomics the backward takes
-#      0.70-0.87x the time) and bulk adds did not shrink it, so it halves the adds instead: key
-#      blocks 2c and 2c + 1 of a head form a cluster, rank 1 sends its dQ tile to rank 0 by an
-#      SM-to-SM bulk copy, rank 0 adds the two and bulk-adds the sum (no window, descending walk
-#      or in_block dK/dV: the MHA cases): `VARIANTS="cluster,cluster@128x64s2" timeout 500
-#      python docs/profiling/bwd_variants_probe.py` (odd shapes checked first; the other cases
-#      run the package's kernel). If it gains, the same
-#      cluster could also multicast each step's q and dO (T.tma_copy(..., cluster_mask=0b11)).
-#   3. The sinks backward (1.30x Flex) and the gpt-oss backward (1.39x): profile after 1.
+# shipped; the window-1024 ncu gave no profile); session 42 an H100, then an H200 (runs 182-189:
+# windowed blocks fastest, the cluster backward and heads-outer walks all slower; the window
+# backward's ncu; every generated test green on the H200; H200 benches). Left, in this order:
+#   1. The window-1024 backward (1.28x FlexAttention on the H200, the target 1.5x). Run 185's
+#      profile: L2 hit 56%, DRAM 54% of peak; past the producer warp's idle waits, the consumers
+#      wait most at the named barrier behind thread 0's `tma_store_wait` (the bulk dQ adds of the
+#      last step still reading their one stage; ~12% of all samples) and on their GEMMs. First
+#      an A/B of two dQ stages (session 42, CPU: compiles for sm_90a, 168 registers, no spill,
+#      ~210 KB of shared memory at D128), which lets a step's adds run through the next step; it
+#      changes every bulk_dq entry (window 1024, the gpt-oss shape, sinks D64 causal): `bash
+#      docs/profiling/render_copies.sh docs/profiling/patches/bwd-bulk-dq-two-stages.patch dq2
+#      attention_sink`, `MASK=all bash docs/profiling/rows_ab.sh attention_sink
+#      attention_sink_dq2`; if faster, `bash docs/profiling/next_gpu_run.sh tests
+#      attention_sink_dq2`. Then ncu of the heads-outer copy (`... bwd-heads-outer.patch ho
+#      attention_sink`; run 186: 11% slower though walk_order_model.py has it missing 14% of its
+#      tile bytes against the shipped 49%): `WINDOW=1024` with run 185's two ncu commands
+#      (docs/gpu-runs.md) on attention_sink_ho: whether its hit rate rose.
+#   2. The D128 backward (H200 run 189: 0.87x cuDNN full, 0.85x causal; D64 full 0.85x; GQA and D64
+#      causal at 0.91-0.92x): the ping-pong backward's source-level profile (run 178: right, level
+#      to 10% slower): `bash docs/profiling/render_copies.sh docs/profiling/patches/bwd-pingpong.patch
+#      bpp attention`, then `bash docs/profiling/next_gpu_run.sh source attention_bpp full`
+#      against run 159's (docs/gpu-logs/run159-source-attention-full-sass-h100.csv.gz): whether
+#      the turns wait on each other or the partial dQ hand-off is what it loses. (Dropped: the
+#      cluster backward, run 183, 5-26% slower.)
+#   3. The sinks causal backward (1.38x FlexAttention on the H200) and the forwards at 1.40-1.49x
+#      (sinks causal, window 1024): profile after 1.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
