@@ -22,6 +22,12 @@
 # shipped; the window-1024 ncu gave no profile); session 42 an H100, then an H200 (runs 182-189:
 # windowed blocks fastest, the cluster backward and heads-outer walks all slower; the window
 # backward's ncu; every generated test green on the H200; H200 benches). Left, in this order:
+#   0. Issue 10's last unshown target, symbolic lengths within 3% of static kernels, with today's
+#      kernels (run 23a compared commit 2c26cb1's: D64 backward 11-12% behind, from the dQ atomics'
+#      guards and the safe-memory pass, both gone since): `timeout 500 python
+#      docs/profiling/static_vs_symbolic.py` (the attention bench shapes; the static copies are
+#      kernels.py with batch, seq_len and the padded rows fixed, launched through attention();
+#      on the CPU they build, ~40 kernels in threads).
 #   1. The window-1024 backward (1.28x FlexAttention on the H200, the target 1.5x). Run 185's
 #      profile: L2 hit 56%, DRAM 54% of peak; past the producer warp's idle waits, the consumers
 #      wait most at the named barrier behind thread 0's `tma_store_wait` (the bulk dQ adds of the
