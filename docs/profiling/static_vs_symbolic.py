@@ -84,15 +84,14 @@ def main():
             for name, kernels in (("symbolic", symbolic), ("static", static)):
                 A.KERNELS.update(kernels)
                 A.PLANS.clear()  # its launchers hold the kernels they looked up
-                built = len(A.KERNELS)
+                n_kernels = len(A.KERNELS)
                 fwd = ms(lambda: A.attention(q, k, v, causal))
                 o = A.attention(q, k, v, causal)
                 bwd = ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
                 # A call whose kernels were not the table's would have built new ones.
-                assert len(A.KERNELS) == built, "attention() built kernels outside the table"
+                assert len(A.KERNELS) == n_kernels, "attention() built kernels outside the table"
                 out.setdefault(name, []).append((fwd, bwd))
-        sym_f = min(f for f, _ in out["symbolic"]); sta_f = min(f for f, _ in out["static"])
-        sym_b = min(b_ for _, b_ in out["symbolic"]); sta_b = min(b_ for _, b_ in out["static"])
+        (sym_f, sym_b), (sta_f, sta_b) = (tuple(map(min, zip(*out[name]))) for name in ("symbolic", "static"))
         print(f"| {b} | {h} | {s} | {d} | {causal} | {sym_f:.3f} | {sta_f:.3f} | {sta_f / sym_f:.3f}x "
               f"| {sym_b:.3f} | {sta_b:.3f} | {sta_b / sym_b:.3f}x |  rounds {out}", flush=True)
 
