@@ -34,14 +34,19 @@
 #      last step still reading their one stage; ~12% of all samples) and on their GEMMs. First
 #      an A/B of two dQ stages (session 42, CPU: compiles for sm_90a, 168 registers, no spill,
 #      ~210 KB of shared memory at D128), which lets a step's adds run through the next step; it
-#      changes every bulk_dq entry (window 1024, the gpt-oss shape, sinks D64 causal): `bash
-#      docs/profiling/render_copies.sh docs/profiling/patches/bwd-bulk-dq-two-stages.patch dq2
-#      attention_sink`, `MASK=all bash docs/profiling/rows_ab.sh attention_sink
-#      attention_sink_dq2`; if faster, `bash docs/profiling/next_gpu_run.sh tests
-#      attention_sink_dq2`. Then ncu of the heads-outer copy (`... bwd-heads-outer.patch ho
-#      attention_sink`; run 186: 11% slower though walk_order_model.py has it missing 14% of its
-#      tile bytes against the shipped 49%): `WINDOW=1024` with run 185's two ncu commands
-#      (docs/gpu-runs.md) on attention_sink_ho: whether its hit rate rose.
+#      changes every bulk_dq entry (window 1024, the gpt-oss shape, sinks D64 causal); the copies
+#      also turn bulk_dq on for every 128x64 backward entry (the D128 ones of attention, gqa and
+#      sinks, which dropped single-stage bulk_dq as no faster): `SPEC_EDIT='s/^\(bwd = { block_m
+#      = 128, block_n = 64, threads = 256, num_stages = [12]\)\(, descending = true\)\{0,1\}
+#      }$/\1, bulk_dq = true\2 }/' bash docs/profiling/render_copies.sh
+#      docs/profiling/patches/bwd-bulk-dq-two-stages.patch dq2b attention gqa attention_sink`
+#      (one line), then `MASK=all bash docs/profiling/rows_ab.sh attention attention_dq2b gqa
+#      gqa_dq2b attention_sink attention_sink_dq2b`; the tests of a copy that gains (`bash
+#      docs/profiling/next_gpu_run.sh tests ...`) before any spec takes it. Then ncu of the
+#      heads-outer copy (`... bwd-heads-outer.patch ho attention_sink`; run 186: 11% slower though
+#      walk_order_model.py has it missing 14% of its tile bytes against the shipped 49%):
+#      `WINDOW=1024` with run 185's two ncu commands (docs/gpu-runs.md) on attention_sink_ho:
+#      whether its hit rate rose.
 #   2. The D128 backward (H200 run 189: 0.87x cuDNN full, 0.85x causal; D64 full 0.85x; GQA and D64
 #      causal at 0.91-0.92x): the ping-pong backward's source-level profile (run 178: right, level
 #      to 10% slower): `bash docs/profiling/render_copies.sh docs/profiling/patches/bwd-pingpong.patch
