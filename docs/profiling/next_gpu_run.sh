@@ -40,7 +40,8 @@
 #      = 128, block_n = 64, threads = 256, num_stages = [12]\)\(, descending = true\)\{0,1\}
 #      }$/\1, bulk_dq = true\2 }/' bash docs/profiling/render_copies.sh
 #      docs/profiling/patches/bwd-bulk-dq-two-stages.patch dq2b attention gqa attention_sink`
-#      (one line), then `MASK=all bash docs/profiling/rows_ab.sh attention attention_dq2b gqa
+#      (one line; with the patch applied, `opgen build` of the three copies passed the compile
+#      check: 257 kernels), then `MASK=all bash docs/profiling/rows_ab.sh attention attention_dq2b gqa
 #      gqa_dq2b attention_sink attention_sink_dq2b`; the tests of a copy that gains (`bash
 #      docs/profiling/next_gpu_run.sh tests ...`) before any spec takes it. Then ncu of the
 #      heads-outer copy (`... bwd-heads-outer.patch ho attention_sink`; run 186: 11% slower though
