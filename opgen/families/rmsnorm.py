@@ -116,7 +116,7 @@ class RmsnormSaved(StrictModel):
     # save: the forward writes one fp32 rstd per row for the backward (4 bytes a row). recompute:
     # the backward sums x^2 again from the row it loads anyway (a few FLOPs per element). auto:
     # calls of at least AUTO_SAVE_FROM_ELEMENTS elements save it, smaller ones recompute it (the
-    # default since GPU run 179: a host-bound call's forward 16% faster, the bench shapes level).
+    # default since GPU run 179; the numbers behind it are at AUTO_SAVE_FROM_ELEMENTS).
     rstd: Literal["save", "recompute", "auto"] = "auto"
 
 
