@@ -21,13 +21,19 @@
 # 178-181: the ping-pong backward right and not faster; rmsnorm's "auto" tested, benched and
 # shipped; the window-1024 ncu gave no profile); session 42 an H100, then an H200 (runs 182-189:
 # windowed blocks fastest, the cluster backward and heads-outer walks all slower; the window
-# backward's ncu; every generated test green on the H200; H200 benches). Left, in this order:
+# backward's ncu; every generated test green on the H200; H200 benches); session 43 had no device
+# (every start failed or was refused for 95 minutes). Left, in this order:
 #   0. Issue 10's last unshown target, symbolic lengths within 3% of static kernels, with today's
 #      kernels (run 23a compared commit 2c26cb1's: D64 backward 11-12% behind, from the dQ atomics'
 #      guards and the safe-memory pass, both gone since): `timeout 500 python
 #      docs/profiling/static_vs_symbolic.py` (the attention bench shapes; the static copies are
 #      kernels.py with batch, seq_len and the padded rows fixed, launched through attention();
-#      on the CPU they build, ~40 kernels in threads).
+#      on the CPU they build, ~40 kernels in threads). What to expect, from ptxas on the CPU
+#      (`static_vs_symbolic_sass.py`, docs/gpu-logs/session43-static-vs-symbolic-sass-cpu.log):
+#      the same registers; the static D128 and D64 full backwards spill 128 and 52 bytes, the
+#      symbolic ones none; the symbolic kernels carry more integer arithmetic (the D64 full
+#      backward's main loop ~1050 SASS instructions against ~900, its dQ atomics' addresses in
+#      64-bit arithmetic with the padded rows symbolic).
 #   1. The window-1024 backward (1.28x FlexAttention on the H200, the target 1.5x). Run 185's
 #      profile: L2 hit 56%, DRAM 54% of peak; past the producer warp's idle waits, the consumers
 #      wait most at the named barrier behind thread 0's `tma_store_wait` (the bulk dQ adds of the
