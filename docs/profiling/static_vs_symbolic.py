@@ -10,6 +10,9 @@ symbolic, static (ms fwd and bwd by kernel_probe.ms: back-to-back calls); the ta
 one's best round, then every round.
 
     python docs/profiling/static_vs_symbolic.py          # the bench shapes of generated/attention
+    python docs/profiling/static_vs_symbolic.py ncu static 128 causal   # one case's forward,
+        # with the static (or symbolic) kernels, four times: for Nsight Compute, e.g.
+        # ncu --clock-control none -k regex:'^fwd' --launch-skip 3 --launch-count 1 ...
 """
 import importlib.util
 import os
@@ -96,5 +99,30 @@ def main():
               f"| {sym_b:.3f} | {sta_b:.3f} | {sta_b / sym_b:.3f}x |  rounds {out}", flush=True)
 
 
+def ncu_case(mode, dim, causal):
+    """Four forwards of the MHA bench shape at dim with the static or symbolic kernels."""
+    b, h, s = 4, 16, 4096
+    calls = A.variant_calls(h, h, dim, causal, 0, "bshd", "float16", A.default_softmax_scale(dim),
+                            A.DK_REDUCTION, A.DV_REDUCTION)
+    A.prebuild(calls.values())
+    if mode == "static":
+        module = static_module(b, s)
+        jobs = {}
+        for f, args, tiling in calls.values():
+            static_factory = getattr(module, factory_name(f))
+            jobs[A.kernel_key(f, args, tiling)] = (static_factory, static_factory.get_tir(*args, **tiling))
+        built = compile_all(jobs, A.entry_point)
+        A.KERNELS.update(built)
+        A.PLANS.clear()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, s, h, dim, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
+    for _ in range(4):
+        A.attention(q, k, v, causal)
+    torch.cuda.synchronize()
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["ncu"]:
+        ncu_case(sys.argv[2], int(sys.argv[3]), sys.argv[4:5] == ["causal"])
+    else:
+        main()
