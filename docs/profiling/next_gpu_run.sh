@@ -21,39 +21,34 @@
 # 178-181: the ping-pong backward right and not faster; rmsnorm's "auto" tested, benched and
 # shipped; the window-1024 ncu gave no profile); session 42 an H100, then an H200 (runs 182-189:
 # windowed blocks fastest, the cluster backward and heads-outer walks all slower; the window
-# backward's ncu; every generated test green on the H200; H200 benches); session 43 had no device
-# (every start failed or was refused for 95 minutes). Left, in this order:
-#   0. Issue 10's last unshown target, symbolic lengths within 3% of static kernels, with today's
-#      kernels (run 23a compared commit 2c26cb1's: D64 backward 11-12% behind, from the dQ atomics'
-#      guards and the safe-memory pass, both gone since): `timeout 500 python
-#      docs/profiling/static_vs_symbolic.py` (the attention bench shapes; the static copies are
-#      kernels.py with batch, seq_len and the padded rows fixed, launched through attention();
-#      on the CPU they build, ~40 kernels in threads). What to expect, from ptxas on the CPU
-#      (`static_vs_symbolic_sass.py`, docs/gpu-logs/session43-static-vs-symbolic-sass-cpu.log):
-#      the same registers; the static D128 and D64 full backwards spill 128 and 52 bytes, the
-#      symbolic ones none; the symbolic kernels carry more integer arithmetic (the D64 full
-#      backward's main loop ~1050 SASS instructions against ~900, its dQ atomics' addresses in
-#      64-bit arithmetic with the padded rows symbolic).
+# backward's ncu; every generated test green on the H200; H200 benches); session 43 an H100 after
+# 95 minutes of failed starts (runs 190-195: symbolic vs static kernels, the backwards level or
+# faster, the D128 forwards 5-6% slower from the ping-pong forward's guarded O stores; two dQ
+# stages no faster). Left, in this order:
+#   0. Issue 10's last target, symbolic within 3% of static kernels: the D128 forwards (runs
+#      193-195: +6% causal, +5% full, all of it in the ping-pong consumers' O store from
+#      registers, guarded and addressed in 64-bit over the symbolic length). The fix stages O in
+#      each warpgroup's Q tile and stores it by TMA, as finish_rows does for the unpaired
+#      forwards (CPU: compiles for sm_90a, 168 registers, no spill, TMA store of O_desc):
+#      `bash docs/profiling/render_copies.sh docs/profiling/patches/fwd-pingpong-o-staged.patch
+#      ostage attention gqa attention_sink` (with opgen installed from this tree: a CI clone's
+#      `pip install -e` repoints it), then `MASK=all bash docs/profiling/rows_ab.sh attention
+#      attention_ostage gqa gqa_ostage attention_sink attention_sink_ostage`; with the patch
+#      applied to the templates, `python docs/profiling/static_vs_symbolic.py` again (8 rounds:
+#      the symbolic D128 forwards spread more than the static ones; ncu settles it:
+#      `ncu --clock-control none -k regex:'^fwd' --launch-skip 3 --launch-count 1 --section
+#      SpeedOfLight --section InstructionStats python docs/profiling/static_vs_symbolic.py ncu
+#      {symbolic,static} 128 {causal,full}`); then the attention packages' tests
+#      (`next_gpu_run.sh tests attention gqa attention_sink`) and land it (goldens, a lowered test
+#      that the ping-pong forward stores O by TMA).
 #   1. The window-1024 backward (1.28x FlexAttention on the H200, the target 1.5x). Run 185's
-#      profile: L2 hit 56%, DRAM 54% of peak; past the producer warp's idle waits, the consumers
-#      wait most at the named barrier behind thread 0's `tma_store_wait` (the bulk dQ adds of the
-#      last step still reading their one stage; ~12% of all samples) and on their GEMMs. First
-#      an A/B of two dQ stages (session 42, CPU: compiles for sm_90a, 168 registers, no spill,
-#      ~210 KB of shared memory at D128), which lets a step's adds run through the next step; it
-#      changes every bulk_dq entry (window 1024, the gpt-oss shape, sinks D64 causal); the copies
-#      also turn bulk_dq on for every 128x64 backward entry (the D128 ones of attention, gqa and
-#      sinks, which dropped single-stage bulk_dq as no faster): `SPEC_EDIT='s/^\(bwd = { block_m
-#      = 128, block_n = 64, threads = 256, num_stages = [12]\)\(, descending = true\)\{0,1\}
-#      }$/\1, bulk_dq = true\2 }/' bash docs/profiling/render_copies.sh
-#      docs/profiling/patches/bwd-bulk-dq-two-stages.patch dq2b attention gqa attention_sink`
-#      (one line; with the patch applied, `opgen build` of the three copies passed the compile
-#      check: 257 kernels), then `MASK=all bash docs/profiling/rows_ab.sh attention attention_dq2b gqa
-#      gqa_dq2b attention_sink attention_sink_dq2b`; the tests of a copy that gains (`bash
-#      docs/profiling/next_gpu_run.sh tests ...`) before any spec takes it. Then ncu of the
-#      heads-outer copy (`... bwd-heads-outer.patch ho attention_sink`; run 186: 11% slower though
-#      walk_order_model.py has it missing 14% of its tile bytes against the shipped 49%):
-#      `WINDOW=1024` with run 185's two ncu commands (docs/gpu-runs.md) on attention_sink_ho:
-#      whether its hit rate rose.
+#      profile: L2 hit 56%, DRAM 54% of peak; the consumers' largest wait (12%) the barrier
+#      behind thread 0's `tma_store_wait` for the bulk dQ adds' one stage; but two stages (run
+#      191) were no faster anywhere, so that wait is not lost time. Next, ncu of the heads-outer
+#      copy (`bash docs/profiling/render_copies.sh docs/profiling/patches/bwd-heads-outer.patch
+#      ho attention_sink`; run 186: 11% slower though walk_order_model.py has it missing 14% of
+#      its tile bytes against the shipped 49%): `WINDOW=1024` with run 185's two ncu commands
+#      (docs/gpu-runs.md) on attention_sink_ho: whether its hit rate rose.
 #   2. The D128 backward (H200 run 189: 0.87x cuDNN full, 0.85x causal; D64 full 0.85x; GQA and D64
 #      causal at 0.91-0.92x): the ping-pong backward's source-level profile (run 178: right, level
 #      to 10% slower): `bash docs/profiling/render_copies.sh docs/profiling/patches/bwd-pingpong.patch
