@@ -21,20 +21,27 @@ import tilelang
 TILELANG = os.path.dirname(tilelang.__file__)
 
 
-def ptxas_notes(kernel, name):
-    """(registers, spill bytes, C7xxx lines) of a compiled TileLang kernel's CUDA."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, f"{name}.cu")
-        with open(path, "w") as f:
-            f.write(kernel.get_kernel_source())
-        out = subprocess.run(
-            ["nvcc", "-gencode", "arch=compute_90a,code=sm_90a", "-cubin", "-o", path + ".cubin",
-             "--ptxas-options=--verbose", "-std=c++17", "-DNDEBUG", "--use_fast_math",
-             "-I" + os.path.join(TILELANG, "src"), "-I" + os.path.join(TILELANG, "3rdparty/cutlass/include"), path],
-            capture_output=True, text=True)
+def nvcc_cubin(kernel, directory, name):
+    """Compile a TileLang kernel's CUDA to directory/name.cu.cubin for sm_90a as TileLang does;
+    (the cubin's path, nvcc's output with ptxas's verbose report)."""
+    path = os.path.join(directory, f"{name}.cu")
+    with open(path, "w") as f:
+        f.write(kernel.get_kernel_source())
+    out = subprocess.run(
+        ["nvcc", "-gencode", "arch=compute_90a,code=sm_90a", "-cubin", "-o", path + ".cubin",
+         "--ptxas-options=--verbose", "-std=c++17", "-DNDEBUG", "--use_fast_math",
+         "-I" + os.path.join(TILELANG, "src"), "-I" + os.path.join(TILELANG, "3rdparty/cutlass/include"), path],
+        capture_output=True, text=True)
     text = out.stdout + out.stderr
     if out.returncode:
         raise RuntimeError(text[-4000:])
+    return path + ".cubin", text
+
+
+def ptxas_notes(kernel, name):
+    """(registers, spill bytes, C7xxx lines) of a compiled TileLang kernel's CUDA."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _, text = nvcc_cubin(kernel, tmp, name)
     return (re.findall(r"Used (\d+) registers", text), re.findall(r"(\d+) bytes spill stores", text),
             [line.split(": ", 1)[1] for line in text.splitlines() if re.search(r"\(C75\d\d\)", line)])
 

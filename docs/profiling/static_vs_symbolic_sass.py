@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import tilelang
 
-from ptxas_check import TILELANG
+from ptxas_check import nvcc_cubin
 from static_vs_symbolic import CASES, A, factory_name, static_module
 
 # The CPU machine's CUDA has no cuobjdump; triton's wheel carries one.
@@ -42,17 +42,8 @@ KINDS = {
 def sass(kernel):
     """(registers, spill bytes, {opcode: count}) of a compiled kernel's CUDA, by nvcc and cuobjdump."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.cu")
-        with open(path, "w") as f:
-            f.write(kernel.get_kernel_source())
-        out = subprocess.run(
-            ["nvcc", "-gencode", "arch=compute_90a,code=sm_90a", "-cubin", "-o", path + ".cubin",
-             "--ptxas-options=--verbose", "-std=c++17", "-DNDEBUG", "--use_fast_math",
-             "-I" + os.path.join(TILELANG, "src"), "-I" + os.path.join(TILELANG, "3rdparty/cutlass/include"), path],
-            capture_output=True, text=True, check=True)
-        dump = subprocess.run([CUOBJDUMP, "-sass", path + ".cubin"], capture_output=True, text=True,
-                              check=True).stdout
-    text = out.stdout + out.stderr
+        cubin, text = nvcc_cubin(kernel, tmp, "k")
+        dump = subprocess.run([CUOBJDUMP, "-sass", cubin], capture_output=True, text=True, check=True).stdout
     ops = collections.Counter(m.group(1).split(".")[0]
                               for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", dump))
     return (max(map(int, re.findall(r"Used (\d+) registers", text))),
