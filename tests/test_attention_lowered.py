@@ -356,6 +356,24 @@ def test_the_pingpong_forward_has_its_two_warpgroups_take_turns_at_the_tensor_co
     assert one.index("__named_barrier_arrive(1, 256)") < one.index("__sync_thread_partial(2, 256)")
 
 
+def test_the_pingpong_forward_stores_o_by_tma_from_each_warpgroup_s_q_tile(pingpong_source):
+    """Each consumer warpgroup casts its O rows into its own Q tile (free after its last scores
+    GEMM), waits for its 128 threads at a named barrier of its own (3 + w: 1 and 2 are the
+    turns'), and one elected thread stores the tile by TMA, which stops at seq_len by itself.
+    No thread stores O from registers: with seq_len symbolic each such store carries a guard and
+    64-bit address arithmetic (5-6% of the D128 forwards on an H100)."""
+    source = pingpong_source[pingpong_source.index("__launch_bounds__"):]
+    signature = source[:source.index(") {")]
+    assert "const CUtensorMap O_desc" in signature and "__restrict__ O," not in signature
+    for w, section in enumerate(consumer_sections(source)):
+        fence = section.index("tl::fence_proxy_async();")
+        barrier = section.index(f"tl::__sync_thread_partial({3 + w}, 128);")
+        store = section.index("tl::tma_store(O_desc, (&(((bfloat16_t*)Q_shared)[")
+        assert fence < barrier < store, w
+        assert section.count("tl::tma_store(O_desc") == 1, w  # in a loop over the dim's halves
+        assert section.index("tl::tma_store_wait<0, true>();") > store, w
+
+
 def test_a_windowed_call_of_a_pingpong_tiling_runs_the_overlapped_forward():
     """The ping-pong forward is built for calls without a window: a sliding-window call of a
     tiling with pingpong gets the overlapped forward, the very kernel of overlap = true."""

@@ -685,7 +685,12 @@ def attention_fwd(
             T.wait_wgmma(0)
             T.mbarrier_arrive(v_free[last])
             normalize_rows(acc_o, row_max, row_denom, h)
-            T.copy(acc_o, rows(O, bz, h, q_first, half))
+            # O through this warpgroup's Q tile (its last scores GEMM is done), stored by TMA in
+            # whole rows, which stops at seq_len itself: no guarded 4-byte stores from registers.
+            T.copy(acc_o, Q_shared[w, :, :])
+            T.fence_proxy_async()
+            T.sync_threads(3 + w, 128)
+            T.copy(Q_shared[w, :, :], rows(O, bz, h, q_first, half))
             store_lse(lse, row_max, row_denom, h, bz, q_first)
 
         @T.prim_func
