@@ -39,8 +39,11 @@
 #      `ncu --clock-control none -k regex:'^fwd' --launch-skip 3 --launch-count 1 --section
 #      SpeedOfLight --section InstructionStats python docs/profiling/static_vs_symbolic.py ncu
 #      {symbolic,static} 128 {causal,full}`); then the attention packages' tests
-#      (`next_gpu_run.sh tests attention gqa attention_sink`) and land it (goldens, a lowered test
-#      that the ping-pong forward stores O by TMA).
+#      (`next_gpu_run.sh tests attention gqa attention_sink`) and land it. The landing is ready
+#      on branch staged-o-pingpong (the template, the three packages rebuilt and compile-checked,
+#      goldens, a lowered test that each warpgroup stores O by TMA; the CPU suite passes): the
+#      copies can be `render_copies.sh staged-o-pingpong ostage ...` too, and the tests can run
+#      on that branch's tree; merge it into main once they pass.
 #   1. The window-1024 backward (1.28x FlexAttention on the H200, the target 1.5x). Run 185's
 #      profile: L2 hit 56%, DRAM 54% of peak; the consumers' largest wait (12%) the barrier
 #      behind thread 0's `tma_store_wait` for the bulk dQ adds' one stage; but two stages (run

@@ -55,19 +55,31 @@ def factory_name(factory):
     return next(n for n, v in vars(K).items() if v is factory)
 
 
+def bench_calls(heads, dim, causal):
+    """attention()'s (factory, args, tiling) of each phase for an MHA fp16 bshd call."""
+    return A.variant_calls(heads, heads, dim, causal, 0, "bshd", "float16", A.default_softmax_scale(dim),
+                           A.DK_REDUCTION, A.DV_REDUCTION)
+
+
+def static_jobs(calls, batch, seq_len):
+    """{the symbolic kernel's key: (static factory, its prim_func)} of each of calls at one shape."""
+    module = static_module(batch, seq_len)
+    jobs = {}
+    for f, args, tiling in calls.values():
+        static_factory = getattr(module, factory_name(f))
+        jobs[A.kernel_key(f, args, tiling)] = (static_factory, static_factory.get_tir(*args, **tiling))
+    return jobs
+
+
 def main():
     start = time.perf_counter()
     tables, jobs = [], {}
     for b, h, s, d, causal in CASES:
-        calls = A.variant_calls(h, h, d, causal, 0, "bshd", "float16", A.default_softmax_scale(d),
-                                A.DK_REDUCTION, A.DV_REDUCTION)
+        calls = bench_calls(h, d, causal)
         A.prebuild(calls.values())
         symbolic = {A.kernel_key(f, args, tiling): A.KERNELS[A.kernel_key(f, args, tiling)]
                     for f, args, tiling in calls.values()}
-        module = static_module(b, s)
-        for f, args, tiling in calls.values():
-            static_factory = getattr(module, factory_name(f))
-            jobs[(b, s, A.kernel_key(f, args, tiling))] = (static_factory, static_factory.get_tir(*args, **tiling))
+        jobs.update({(b, s, key): job for key, job in static_jobs(calls, b, s).items()})
         tables.append(((b, h, s, d, causal), symbolic))
     built = compile_all(jobs, A.entry_point)  # at once, in threads
     failed = {key: why for key, why in built.items() if isinstance(why, str)}
@@ -102,17 +114,10 @@ def main():
 def ncu_case(mode, dim, causal):
     """Four forwards of the MHA bench shape at dim with the static or symbolic kernels."""
     b, h, s = 4, 16, 4096
-    calls = A.variant_calls(h, h, dim, causal, 0, "bshd", "float16", A.default_softmax_scale(dim),
-                            A.DK_REDUCTION, A.DV_REDUCTION)
+    calls = bench_calls(h, dim, causal)
     A.prebuild(calls.values())
     if mode == "static":
-        module = static_module(b, s)
-        jobs = {}
-        for f, args, tiling in calls.values():
-            static_factory = getattr(module, factory_name(f))
-            jobs[A.kernel_key(f, args, tiling)] = (static_factory, static_factory.get_tir(*args, **tiling))
-        built = compile_all(jobs, A.entry_point)
-        A.KERNELS.update(built)
+        A.KERNELS.update(compile_all(static_jobs(calls, b, s), A.entry_point))
         A.PLANS.clear()
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(b, s, h, dim, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))

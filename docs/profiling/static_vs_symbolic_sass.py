@@ -5,7 +5,7 @@ loop: integer address arithmetic, predicates/branches, and the tensor-core and m
 both must have). A kernel whose symbolic dims cost code shows it here; whether that code costs
 time is the GPU run's answer.
 
-    python docs/profiling/static_vs_symbolic_sass.py     # ~5 min on 2 cores
+    python docs/profiling/static_vs_symbolic_sass.py     # ~1 min on 2 cores
 """
 import collections
 import os
@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import tilelang
 
 from ptxas_check import nvcc_cubin
-from static_vs_symbolic import CASES, A, factory_name, static_module
+from static_vs_symbolic import CASES, A, bench_calls, static_jobs
 
 # The CPU machine's CUDA has no cuobjdump; triton's wheel carries one.
 CUOBJDUMP = shutil.which("cuobjdump") or os.path.join(
@@ -53,13 +53,12 @@ def sass(kernel):
 def main():
     jobs = []
     for b, h, s, d, causal in CASES:
-        calls = A.variant_calls(h, h, d, causal, 0, "bshd", "float16", A.default_softmax_scale(d),
-                                A.DK_REDUCTION, A.DV_REDUCTION)
-        module = static_module(b, s)
+        calls = bench_calls(h, d, causal)
+        static = static_jobs(calls, b, s)
         for phase in ("fwd", "bwd"):
             f, args, tiling = calls[phase]
-            static = getattr(module, factory_name(f))
-            jobs.append(((b, h, s, d, causal, phase), f.get_tir(*args, **tiling), static.get_tir(*args, **tiling), f))
+            _, static_prim = static[A.kernel_key(f, args, tiling)]
+            jobs.append(((b, h, s, d, causal, phase), f.get_tir(*args, **tiling), static_prim, f))
 
     def build(job):
         case, sym, sta, f = job
