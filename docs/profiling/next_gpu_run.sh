@@ -24,26 +24,18 @@
 # backward's ncu; every generated test green on the H200; H200 benches); session 43 an H100 after
 # 95 minutes of failed starts (runs 190-195: symbolic vs static kernels, the backwards level or
 # faster, the D128 forwards 5-6% slower from the ping-pong forward's guarded O stores; two dQ
-# stages no faster). Left, in this order:
-#   0. Issue 10's last target, symbolic within 3% of static kernels: the D128 forwards (runs
-#      193-195: +6% causal, +5% full, all of it in the ping-pong consumers' O store from
-#      registers, guarded and addressed in 64-bit over the symbolic length). The fix stages O in
-#      each warpgroup's Q tile and stores it by TMA, as finish_rows does for the unpaired
-#      forwards (CPU: compiles for sm_90a, 168 registers, no spill, TMA store of O_desc):
-#      `bash docs/profiling/render_copies.sh docs/profiling/patches/fwd-pingpong-o-staged.patch
-#      ostage attention gqa attention_sink` (with opgen installed from this tree: a CI clone's
-#      `pip install -e` repoints it), then `MASK=all bash docs/profiling/rows_ab.sh attention
-#      attention_ostage gqa gqa_ostage attention_sink attention_sink_ostage`; with the patch
-#      applied to the templates, `python docs/profiling/static_vs_symbolic.py` again (8 rounds:
-#      the symbolic D128 forwards spread more than the static ones; ncu settles it:
-#      `ncu --clock-control none -k regex:'^fwd' --launch-skip 3 --launch-count 1 --section
-#      SpeedOfLight --section InstructionStats python docs/profiling/static_vs_symbolic.py ncu
-#      {symbolic,static} 128 {causal,full}`); then the attention packages' tests
-#      (`next_gpu_run.sh tests attention gqa attention_sink`) and land it. The landing is ready
-#      on branch staged-o-pingpong (the template, the three packages rebuilt and compile-checked,
-#      goldens, a lowered test that each warpgroup stores O by TMA; the CPU suite passes): the
-#      copies can be `render_copies.sh staged-o-pingpong ostage ...` too, and the tests can run
-#      on that branch's tree; merge it into main once they pass.
+# stages no faster); session 44 an H100 for four calls (runs 196-199: the staged O tested, faster
+# and landed; the causal forward's last 5% is its mask), then no start. Left, in this order:
+#   0. Issue 10's last target, symbolic within 3% of static kernels: the D128 causal forward
+#      (run 197: +5.1% in ncu, full +2.7%, after the staged O landed). Run 199: the rest is the
+#      diagonal tile's mask, three bounds a score over the runtime seq_len. Branch mask-bounds
+#      tests only the bounds the others do not imply (compile-checked, lowered test). On that
+#      branch's tree: `for m in symbolic static; do for c in causal full; do ncu --clock-control
+#      none -k regex:'^fwd' --launch-skip 3 --launch-count 1 --section SpeedOfLight --section
+#      InstructionStats python docs/profiling/static_vs_symbolic.py ncu $m 128 $c; done; done`,
+#      then `next_gpu_run.sh tests attention gqa attention_sink`; merge it into main if green,
+#      then `next_gpu_run.sh bench attention gqa attention_sink` (the staged O's forwards against
+#      cuDNN and FlexAttention: run 196 had them 4-12% faster than before).
 #   1. The window-1024 backward (1.28x FlexAttention on the H200, the target 1.5x). Run 185's
 #      profile: L2 hit 56%, DRAM 54% of peak; the consumers' largest wait (12%) the barrier
 #      behind thread 0's `tma_store_wait` for the bulk dQ adds' one stage; but two stages (run
