@@ -45,7 +45,7 @@ def sass(kernel):
         cubin, text = nvcc_cubin(kernel, tmp, "k")
         dump = subprocess.run([CUOBJDUMP, "-sass", cubin], capture_output=True, text=True, check=True).stdout
     ops = collections.Counter(m.group(1).split(".")[0]
-                              for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", dump))
+                              for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", dump))
     return (max(map(int, re.findall(r"Used (\d+) registers", text))),
             sum(map(int, re.findall(r"(\d+) bytes spill stores", text))), ops)
 
