@@ -33,8 +33,13 @@
 #      branch's tree: `for m in symbolic static; do for c in causal full; do ncu --clock-control
 #      none -k regex:'^fwd' --launch-skip 3 --launch-count 1 --section SpeedOfLight --section
 #      InstructionStats python docs/profiling/static_vs_symbolic.py ncu $m 128 $c; done; done`,
-#      then `next_gpu_run.sh tests attention gqa attention_sink`; merge it into main if green,
-#      then `next_gpu_run.sh bench attention gqa attention_sink` (the staged O's forwards against
+#      then `next_gpu_run.sh tests attention gqa attention_sink`; merge it into main if green.
+#      It shrinks every masked tile's code (docs/gpu-logs/session44-mask-bounds-sass-cpu.log:
+#      the D128 causal ping-pong forward 5864 -> 4056 SASS instructions, the window forwards and
+#      backwards 5-8%), so time the windows too: on the branch, `bash
+#      docs/profiling/render_copies.sh main base attention_sink gqa`, `MASK=all bash
+#      docs/profiling/rows_ab.sh attention_sink_base attention_sink gqa_base gqa`. Then
+#      `next_gpu_run.sh bench attention gqa attention_sink` (the staged O's forwards against
 #      cuDNN and FlexAttention: run 196 had them 4-12% faster than before).
 #   1. The window-1024 backward (1.28x FlexAttention on the H200, the target 1.5x). Run 185's
 #      profile: L2 hit 56%, DRAM 54% of peak; the consumers' largest wait (12%) the barrier
