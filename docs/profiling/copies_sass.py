@@ -9,7 +9,6 @@ instructions: a tile's code runs once per tile it applies to.
 """
 import importlib
 import os
-import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,7 +16,7 @@ os.environ.setdefault("TILELANG_DEFAULT_TARGET", '{"kind":"cuda","arch":"sm_90a"
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from static_vs_symbolic_sass import KINDS, sass
+from static_vs_symbolic_sass import KINDS, kind_counts, sass
 
 # (heads, kv_heads, head_dim, causal, window, dtype): the attention_sink bench's three shapes
 # (sinks + window 1024, the gpt-oss shape, sinks causal); the MHA ones take kv_heads = heads.
@@ -47,9 +46,8 @@ def main(packages):
           + " | ".join(KINDS) + " |")
     print("|" + "---|" * (7 + len(KINDS)))
     for case, (registers, spills, ops) in sorted(results, key=lambda r: r[0][:4]):
-        kinds = [str(sum(n for o, n in ops.items() if re.match(p, o))) for p in KINDS.values()]
         print(f"| {' | '.join(map(str, case))} | {registers} | {spills} | {sum(ops.values())} | "
-              + " | ".join(kinds) + " |", flush=True)
+              + " | ".join(map(str, kind_counts(ops))) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,11 @@ def sass(kernel):
             sum(map(int, re.findall(r"(\d+) bytes spill stores", text))), ops)
 
 
+def kind_counts(ops):
+    """SASS instructions of each of KINDS in {opcode: count}, in KINDS' order."""
+    return [sum(n for o, n in ops.items() if re.match(pattern, o)) for pattern in KINDS.values()]
+
+
 def main():
     jobs = []
     for b, h, s, d, causal in CASES:
@@ -72,8 +77,7 @@ def main():
           + " | ".join(f"{k} sym / static" for k in KINDS) + " |")
     print("|" + "---|" * (9 + len(KINDS)))
     for case, ((reg0, sp0, ops0), (reg1, sp1, ops1)) in results:
-        kinds = [f"{sum(n for o, n in ops0.items() if re.match(p, o))} / "
-                 f"{sum(n for o, n in ops1.items() if re.match(p, o))}" for p in KINDS.values()]
+        kinds = [f"{n0} / {n1}" for n0, n1 in zip(kind_counts(ops0), kind_counts(ops1))]
         print(f"| {' | '.join(map(str, case))} | {reg0} / {reg1} | {sp0} / {sp1} | "
               f"{sum(ops0.values())} / {sum(ops1.values())} | " + " | ".join(kinds) + " |", flush=True)
 
