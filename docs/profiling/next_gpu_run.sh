@@ -33,7 +33,9 @@
 #      branch's tree: `for m in symbolic static; do for c in causal full; do ncu --clock-control
 #      none -k regex:'^fwd' --launch-skip 3 --launch-count 1 --section SpeedOfLight --section
 #      InstructionStats python docs/profiling/static_vs_symbolic.py ncu $m 128 $c; done; done`,
-#      then `next_gpu_run.sh tests attention gqa attention_sink`; merge it into main if green.
+#      then `next_gpu_run.sh tests attention gqa attention_sink` (on an H200 if one comes: the
+#      issues' acceptance asks every generated test green on the H200, last shown by runs 187-188,
+#      before the staged O); merge it into main if green.
 #      It shrinks every masked tile's code (docs/gpu-logs/session44-mask-bounds-sass-cpu.log:
 #      the D128 causal ping-pong forward 5864 -> 4056 SASS instructions, the window forwards and
 #      backwards 5-8%), so time the windows too: on the branch, `bash
