@@ -25,7 +25,8 @@
 # 95 minutes of failed starts (runs 190-195: symbolic vs static kernels, the backwards level or
 # faster, the D128 forwards 5-6% slower from the ping-pong forward's guarded O stores; two dQ
 # stages no faster); session 44 an H100 for four calls (runs 196-199: the staged O tested, faster
-# and landed; the causal forward's last 5% is its mask), then no start. Left, in this order:
+# and landed; the causal forward's last 5% is its mask), then no start; session 45 none (every
+# start refused or failed for 90 minutes, 1200 of its 1800 s spent on them). Left, in this order:
 #   0. Issue 10's last target, symbolic within 3% of static kernels: the D128 causal forward
 #      (run 197: +5.1% in ncu, full +2.7%, after the staged O landed). Run 199: the rest is the
 #      diagonal tile's mask, three bounds a score over the runtime seq_len. Branch mask-bounds
@@ -40,7 +41,14 @@
 #      the D128 causal ping-pong forward 5864 -> 4056 SASS instructions, the window forwards and
 #      backwards 5-8%), so time the windows too: on the branch, `bash
 #      docs/profiling/render_copies.sh main base attention_sink gqa`, `MASK=all bash
-#      docs/profiling/rows_ab.sh attention_sink_base attention_sink gqa_base gqa`. Then
+#      docs/profiling/rows_ab.sh attention_sink_base attention_sink gqa_base gqa`; with them the
+#      ping-pong forward at window 1024 (128x128, two stages, against the shipped 64x64 two
+#      blocks an SM; `patches/fwd-pingpong-window.patch` lets a windowed call of a ping-pong
+#      tiling run it; compiles on the CPU at windows 16, 700 and 1024, 168 registers, no spill):
+#      `SPEC_EDIT='/^max_window = 1024/,/^bwd/s/^fwd = .*$/fwd = { block_m = 128, block_n = 128,
+#      threads = 256, num_stages = 2, pingpong = true }/' bash docs/profiling/render_copies.sh
+#      docs/profiling/patches/fwd-pingpong-window.patch ppw attention_sink` and add
+#      attention_sink_ppw to the A/B (its generated tests run the windows 16 and 700). Then
 #      `next_gpu_run.sh bench attention gqa attention_sink` (the staged O's forwards against
 #      cuDNN and FlexAttention: run 196 had them 4-12% faster than before).
 #   1. The window-1024 backward (1.28x FlexAttention on the H200, the target 1.5x). Run 185's
