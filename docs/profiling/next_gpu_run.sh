@@ -26,7 +26,7 @@
 # faster, the D128 forwards 5-6% slower from the ping-pong forward's guarded O stores; two dQ
 # stages no faster); session 44 an H100 for four calls (runs 196-199: the staged O tested, faster
 # and landed; the causal forward's last 5% is its mask), then no start; session 45 none (every
-# start refused or failed for 90 minutes, 1200 of its 1800 s spent on them). Left, in this order:
+# start refused or failed for two hours, 1500 of its 1800 s spent on them). Left, in this order:
 #   0. Issue 10's last target, symbolic within 3% of static kernels: the D128 causal forward
 #      (run 197: +5.1% in ncu, full +2.7%, after the staged O landed). Run 199: the rest is the
 #      diagonal tile's mask, three bounds a score over the runtime seq_len. Branch mask-bounds
