@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from static_vs_symbolic_sass import KINDS, kind_counts, sass
 
 # (heads, kv_heads, head_dim, causal, window, dtype): the attention_sink bench's three shapes
-# (sinks + window 1024, the gpt-oss shape, sinks causal); the MHA ones take kv_heads = heads.
+# (sinks + window 1024, the gpt-oss shape, sinks causal), so the copies are of attention_sink.
 CASES = [(32, 8, 128, True, 1024, "bfloat16"), (64, 8, 64, True, 128, "bfloat16"),
          (32, 8, 128, True, 0, "bfloat16")]
 
