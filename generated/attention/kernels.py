@@ -13,6 +13,8 @@ so every scale runs at the speed of the default 1/sqrt(head_dim). A model uses o
 distinct value builds its own fwd and bwd kernels once (seconds; TileLang caches them on disk), so
 a scale that changes from call to call would build kernels on every call."""
 
+import functools
+
 import tilelang
 import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
@@ -138,33 +140,48 @@ def group_sum(term, groups):
     return total
 
 
-def _visibility(seq_len, causal, window):
+def _visibility(seq_len, causal, window, check_queries=True):
     """Whether query q_idx sees key k_idx: both inside the sequence, the key not after the query
-    (causal) and fewer than `window` positions before it (sliding window; 0 = none)."""
+    (causal) and fewer than `window` positions before it (sliding window; 0 = none).
+
+    Each bound is tested only where the others do not imply it, since a masked tile tests every
+    element and seq_len is a runtime value: causal, the key's bound follows from the query's
+    (k_idx <= q_idx < seq_len). check_queries=False leaves the query's bound out, for a kernel
+    whose rows past seq_len are computed but never read (the forward: its O store is clipped at
+    seq_len and its lse rows there are padding, masked by the backward)."""
 
     def visible(q_idx, k_idx):
-        condition = T.And(q_idx < seq_len, k_idx < seq_len)
+        bounds = []
+        if check_queries:
+            bounds.append(q_idx < seq_len)
+        if not causal:
+            bounds.append(k_idx < seq_len)
         if causal:
-            condition = T.And(condition, q_idx >= k_idx)
+            bounds.append(q_idx >= k_idx)
         if window:
-            condition = T.And(condition, q_idx - k_idx < window)
-        return condition
+            bounds.append(q_idx - k_idx < window)
+        return functools.reduce(T.And, bounds)
 
     return visible
 
 
-def _needs_mask(seq_len, causal, window):
-    """Whether a tile of queries [q0, q0 + nq) x keys [k0, k0 + nk) holds a pair `visible` rejects:
-    the tail of the sequence, the causal diagonal, the window's edge. Only such tiles pay for the
-    per-element mask; the branch is uniform across the block."""
+def _needs_mask(seq_len, causal, window, check_queries=True):
+    """Whether a tile of queries [q0, q0 + nq) x keys [k0, k0 + nk) holds a pair `visible` (of the
+    same arguments) rejects: the tail of the sequence, the causal diagonal, the window's edge.
+    Only such tiles pay for the per-element mask; the branch is uniform across the block. Causal,
+    a tile past the keys' end that is not on the diagonal starts past the queries' end too."""
 
     def needs(q0, nq, k0, nk):
-        condition = T.Or(q0 + nq > seq_len, k0 + nk > seq_len)
+        edges = []
+        if check_queries:
+            edges.append(q0 + nq > seq_len)
+        if not causal:
+            edges.append(k0 + nk > seq_len)
         if causal:
-            condition = T.Or(condition, k0 + nk - 1 > q0)
+            edges.append(k0 + nk - 1 > q0)
         if window:
-            condition = T.Or(condition, q0 + nq - 1 - k0 >= window)
-        return condition
+            edges.append(q0 + nq - 1 - k0 >= window)
+        return functools.reduce(T.Or, edges)
 
     return needs
 
@@ -362,8 +379,8 @@ def attention_fwd(
     q_shape = _shape(layout, batch, heads, seq_len, dim)
     kv_shape = _shape(layout, batch, kv_heads, seq_len, dim)
     rows, _, _ = _indexers(layout)
-    visible = _visibility(seq_len, causal, window)
-    needs_mask = _needs_mask(seq_len, causal, window)
+    visible = _visibility(seq_len, causal, window, check_queries=False)
+    needs_mask = _needs_mask(seq_len, causal, window, check_queries=False)
     # Registers of one thread's share of the score and output tiles (the fences of async WGMMA).
     score_regs = block_m * block_n // threads
     out_regs = block_m * dim // threads
