@@ -150,10 +150,7 @@ def _visibility(seq_len, causal, window, check_queries=True):
         bounds = []
         if check_queries:
             bounds.append(q_idx < seq_len)
-        if not causal:
-            bounds.append(k_idx < seq_len)
-        if causal:
-            bounds.append(q_idx >= k_idx)
+        bounds.append(q_idx >= k_idx if causal else k_idx < seq_len)
         if window:
             bounds.append(q_idx - k_idx < window)
         return functools.reduce(T.And, bounds)
@@ -171,10 +168,7 @@ def _needs_mask(seq_len, causal, window, check_queries=True):
         edges = []
         if check_queries:
             edges.append(q0 + nq > seq_len)
-        if not causal:
-            edges.append(k0 + nk > seq_len)
-        if causal:
-            edges.append(k0 + nk - 1 > q0)
+        edges.append(k0 + nk - 1 > q0 if causal else k0 + nk > seq_len)
         if window:
             edges.append(q0 + nq - 1 - k0 >= window)
         return functools.reduce(T.Or, edges)
