@@ -390,17 +390,18 @@ def test_the_causal_forward_masks_a_score_by_one_compare(pingpong_source):
             assert "&&" not in condition and "||" not in condition, (w, condition)
 
 
-def test_a_windowed_call_of_a_pingpong_tiling_runs_the_overlapped_forward():
-    """The ping-pong forward is built for calls without a window: a sliding-window call of a
-    tiling with pingpong gets the overlapped forward, the very kernel of overlap = true."""
+def test_a_windowed_call_of_a_pingpong_tiling_runs_the_pingpong_forward():
+    """A sliding-window call of a tiling with pingpong runs the ping-pong forward (its key range
+    and mask are the window's); at a window so short that the block walks heads it runs that
+    kernel, whatever the tiling's schedule."""
     sink = import_generated("attention_sink", "kernels")
-    args = (32, 8, 128, True, 2048, "bshd", "bfloat16", 0.125)
+    args = (32, 8, 128, True, 1024, "bshd", "bfloat16", 0.125)
     tiling = {"block_m": 128, "block_n": 128, "threads": 256, "num_stages": 2}
     windowed = lower(sink.attention_sink_fwd, args, {**tiling, "pingpong": True})
-    assert "fwd_pingpong_kernel" not in windowed
-    assert windowed == lower(sink.attention_sink_fwd, args, {**tiling, "overlap": True})
-    unwindowed = lower(sink.attention_sink_fwd, (*args[:4], 0, *args[5:]), {**tiling, "pingpong": True})
-    assert "fwd_pingpong_kernel" in unwindowed
+    assert "fwd_pingpong_kernel" in windowed
+    assert windowed != lower(sink.attention_sink_fwd, (*args[:4], 0, *args[5:]), {**tiling, "pingpong": True})
+    short = lower(sink.attention_sink_fwd, (*args[:4], 16, *args[5:]), {**tiling, "pingpong": True})
+    assert "fwd_heads_kernel" in short
 
 
 def test_the_pingpong_forward_compiles_with_no_wgmma_serialized(pingpong_source, tmp_path):

@@ -183,13 +183,10 @@ class AttentionTuner(Tuner):
 
     def space(self, spec: Any, key: tuple, phase: str) -> list[dict[str, Any]]:
         keys = {**SEARCH_SPACE, **PHASE_SPACE[phase]}
-        _, causal, window = key
-        # A window's calls run the overlapped forward for a ping-pong tiling (the kernel's rule),
-        # so a window's entry does not time pingpong: it would time overlap twice.
+        _, causal, _ = key
         return [tiling for tiling in (dict(zip(keys, values))
                                       for values in itertools.product(*keys.values()))
-                if _worth_timing(tiling) and (causal or not tiling.get("descending"))
-                and not (window and tiling.get("pingpong"))]
+                if _worth_timing(tiling) and (causal or not tiling.get("descending"))]
 
     def dump(self, phase: str, tiling: dict[str, Any]) -> dict[str, Any]:
         return PHASE_TILING[phase](**tiling).model_dump()

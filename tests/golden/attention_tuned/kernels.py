@@ -358,7 +358,7 @@ def attention_tuned_fwd(
     pingpong=True (block_m 128, 256 threads): each of the two consumer warpgroups owns 64 query
     rows and keeps the overlapped schedule, and the two take turns at the tensor cores, so one's
     softmax runs during the other's GEMMs; a producer warp loads Q once and K, V by TMA into
-    num_stages stages (fwd_pingpong). Calls with a window run the overlapped schedule instead.
+    num_stages stages (fwd_pingpong), with or without a window.
     pair_blocks=True (causal): block x walks query blocks x and n - 1 - x in one pipeline
     (pairs_query_blocks says when), with the plain schedule: grid dim 0 is ceil(n / 2).
     blocks_per_sm=2, 3 or 4 (threads 128): that many blocks share an SM (split_registers).
@@ -557,7 +557,7 @@ def attention_tuned_fwd(
 
         return fwd_pairs
 
-    if pingpong and not window:
+    if pingpong:
         half = block_m // 2  # query rows of one consumer warpgroup
 
         @T.macro
@@ -804,10 +804,6 @@ def attention_tuned_fwd(
                     )
 
         return fwd_pingpong
-
-    # A windowed call of a ping-pong tiling runs the overlapped schedule: the ping-pong one is
-    # built for (and tested at) calls without a window.
-    overlap = overlap or pingpong
 
     @T.prim_func
     def fwd(
