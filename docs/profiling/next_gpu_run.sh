@@ -26,48 +26,25 @@
 # faster, the D128 forwards 5-6% slower from the ping-pong forward's guarded O stores; two dQ
 # stages no faster); session 44 an H100 for four calls (runs 196-199: the staged O tested, faster
 # and landed; the causal forward's last 5% is its mask), then no start; session 45 none (every
-# start refused or failed for two hours, 1500 of its 1800 s spent on them). Left, in this order:
-#   0. Issue 10's last target, symbolic within 3% of static kernels: the D128 causal forward
-#      (run 197: +5.1% in ncu, full +2.7%, after the staged O landed). Run 199: the rest is the
-#      diagonal tile's mask, three bounds a score over the runtime seq_len. Branch mask-bounds
-#      tests only the bounds the others do not imply (compile-checked, lowered test). On that
-#      branch's tree: `for m in symbolic static; do for c in causal full; do ncu --clock-control
-#      none -k regex:'^fwd' --launch-skip 3 --launch-count 1 --section SpeedOfLight --section
-#      InstructionStats python docs/profiling/static_vs_symbolic.py ncu $m 128 $c; done; done`,
-#      then `next_gpu_run.sh tests attention gqa attention_sink` (on an H200 if one comes: the
-#      issues' acceptance asks every generated test green on the H200, last shown by runs 187-188,
-#      before the staged O); merge it into main if green.
-#      It shrinks every masked tile's code (docs/gpu-logs/session44-mask-bounds-sass-cpu.log:
-#      the D128 causal ping-pong forward 5864 -> 4056 SASS instructions, the window forwards and
-#      backwards 5-8%), so time the windows too: on the branch, `bash
-#      docs/profiling/render_copies.sh main base attention_sink gqa`, `MASK=all bash
-#      docs/profiling/rows_ab.sh attention_sink_base attention_sink gqa_base gqa`; with them the
-#      ping-pong forward at window 1024 (128x128, two stages, against the shipped 64x64 two
-#      blocks an SM; `patches/fwd-pingpong-window.patch` lets a windowed call of a ping-pong
-#      tiling run it; compiles on the CPU at windows 16, 700 and 1024, 168 registers, no spill):
-#      `SPEC_EDIT='/^max_window = 1024/,/^bwd/s/^fwd = .*$/fwd = { block_m = 128, block_n = 128,
-#      threads = 256, num_stages = 2, pingpong = true }/' bash docs/profiling/render_copies.sh
-#      docs/profiling/patches/fwd-pingpong-window.patch ppw attention_sink` and add
-#      attention_sink_ppw to the A/B (its generated tests run the windows 16 and 700). Then
-#      `next_gpu_run.sh bench attention gqa attention_sink` (the staged O's forwards against
-#      cuDNN and FlexAttention: run 196 had them 4-12% faster than before).
-#   1. The window-1024 backward (1.28x FlexAttention on the H200, the target 1.5x). Run 185's
-#      profile: L2 hit 56%, DRAM 54% of peak; the consumers' largest wait (12%) the barrier
-#      behind thread 0's `tma_store_wait` for the bulk dQ adds' one stage; but two stages (run
-#      191) were no faster anywhere, so that wait is not lost time. Next, ncu of the heads-outer
-#      copy (`bash docs/profiling/render_copies.sh docs/profiling/patches/bwd-heads-outer.patch
-#      ho attention_sink`; run 186: 11% slower though walk_order_model.py has it missing 14% of
-#      its tile bytes against the shipped 49%): `WINDOW=1024` with run 185's two ncu commands
-#      (docs/gpu-runs.md) on attention_sink_ho: whether its hit rate rose.
-#   2. The D128 backward (H200 run 189: 0.87x cuDNN full, 0.85x causal; D64 full 0.85x; GQA and D64
-#      causal at 0.91-0.92x): the ping-pong backward's source-level profile (run 178: right, level
+# start refused or failed for two hours, 1500 of its 1800 s spent on them); session 46 an H200
+# after five failed starts (runs 200-204: mask-bounds tested and merged, symbolic within 1.05% of
+# static; the ping-pong window forward landed, 1.69x FlexAttention; heads-outer window backward
+# and two-stage sinks backward dropped). Left, in this order:
+#   1. The window-1024 backward (1.31x FlexAttention on the H200, the target 1.5x). Not its memory
+#      traffic: the heads-outer walk (run 202) raised the L2 hit rate 59.5% -> 79.7% and cut DRAM
+#      2.5x, and was 15% slower. One block an SM (168 registers, shared memory); SM throughput 44%.
+#      Next: its source-level stalls (`NCU_KERNELS=^bwd_kernel WINDOW=1024 bash
+#      docs/profiling/next_gpu_run.sh source attention_sink causal`) against the causal
+#      backward's, and the backward at 128x128 blocks for that entry (the D64 entries' size).
+#   2. The D128 backward (H200 runs 201 / 204: 0.85x / 0.84x cuDNN full, 0.87x / 0.91x causal;
+#      D64 full 0.88x / 0.85x; GQA causal 0.89x): the ping-pong backward's source-level profile (run 178: right, level
 #      to 10% slower): `bash docs/profiling/render_copies.sh docs/profiling/patches/bwd-pingpong.patch
 #      bpp attention`, then `bash docs/profiling/next_gpu_run.sh source attention_bpp full`
 #      against run 159's (docs/gpu-logs/run159-source-attention-full-sass-h100.csv.gz): whether
 #      the turns wait on each other or the partial dQ hand-off is what it loses. (Dropped: the
 #      cluster backward, run 183, 5-26% slower.)
-#   3. The sinks causal backward (1.38x FlexAttention on the H200) and the forwards at 1.40-1.49x
-#      (sinks causal, window 1024): profile after 1.
+#   3. The sinks causal backward (1.40x FlexAttention on the H200, run 201; two stages no faster):
+#      profile after 1.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
