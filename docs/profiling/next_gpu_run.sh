@@ -33,16 +33,20 @@
 #   1. The window-1024 backward (1.31x FlexAttention on the H200, the target 1.5x). Not its memory
 #      traffic: the heads-outer walk (run 202) raised the L2 hit rate 59.5% -> 79.7% and cut DRAM
 #      2.5x, and was 15% slower. One block an SM (168 registers, shared memory); SM throughput 44%.
-#      Next: its source-level stalls (`NCU_KERNELS=^bwd_kernel WINDOW=1024 bash
-#      docs/profiling/next_gpu_run.sh source attention_sink causal`) against the causal
-#      backward's, and the backward at 128x128 blocks for that entry (the D64 entries' size).
+#      Next: its source-level stalls (`WINDOW=1024 bash docs/profiling/next_gpu_run.sh source
+#      attention_sink causal`) against the sinks causal backward's (the same call without
+#      WINDOW; both write source-attention_sink-causal*: move the first aside): per step, what
+#      the window's 4 masked steps in ~18 cost against the causal walk's 2 in ~32, and the
+#      block's fixed cost over 4 heads x 18 steps. (Its tiling is opgen tune's pick over its
+#      search space, H100 2026-12-06.)
 #   2. The D128 backward (H200 runs 201 / 204: 0.85x / 0.84x cuDNN full, 0.87x / 0.91x causal;
-#      D64 full 0.88x / 0.85x; GQA causal 0.89x): the ping-pong backward's source-level profile (run 178: right, level
-#      to 10% slower): `bash docs/profiling/render_copies.sh docs/profiling/patches/bwd-pingpong.patch
-#      bpp attention`, then `bash docs/profiling/next_gpu_run.sh source attention_bpp full`
-#      against run 159's (docs/gpu-logs/run159-source-attention-full-sass-h100.csv.gz): whether
-#      the turns wait on each other or the partial dQ hand-off is what it loses. (Dropped: the
-#      cluster backward, run 183, 5-26% slower.)
+#      D64 full 0.88x / 0.85x; GQA causal 0.89x): the ping-pong backward's source-level profile
+#      (run 178: right, level to 10% slower): `bash docs/profiling/render_copies.sh
+#      docs/profiling/patches/bwd-pingpong.patch bpp attention`, then `bash
+#      docs/profiling/next_gpu_run.sh source attention_bpp full` against run 159's
+#      (docs/gpu-logs/run159-source-attention-full-sass-h100.csv.gz): whether the turns wait on
+#      each other or the partial dQ hand-off is what it loses. (Dropped: the cluster backward,
+#      run 183, 5-26% slower; each warpgroup overlapping its own GEMMs, run 113, at most 1.4%.)
 #   3. The sinks causal backward (1.40x FlexAttention on the H200, run 201; two stages no faster):
 #      profile after 1.
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
