@@ -57,7 +57,7 @@ DQ_HALF = 3
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True})
 def bwd_pingpong(heads, kv_heads, dim, causal, window, layout, dtype, softmax_scale, dk_reduction,
                  dv_reduction, block_m, block_n, threads, num_stages, blocks_per_sm=1, bulk_dq=True,
-                 descending=False, dq_sum="smem"):
+                 descending=False, dq_sum="smem", turns=True):
     assert block_m == 128 and threads == 256, "two consumer warpgroups of 64 keys each"
     half = block_m // 2
     batch, seq_len = runtime_dims()
@@ -91,8 +91,14 @@ def bwd_pingpong(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sc
     @T.macro
     def pass_turn(w, turn, last_turn):
         # Warpgroup 1 let warpgroup 0 go first once: it passes no turn after its last.
-        if w == 0 or turn < last_turn:
-            T.named_barrier_arrive(2 - w, threads)
+        if turns:
+            if w == 0 or turn < last_turn:
+                T.named_barrier_arrive(2 - w, threads)
+
+    @T.macro
+    def take_turn(w):
+        if turns:
+            T.sync_threads(1 + w, threads)
 
     @T.macro
     def consumer(w, dK, dV, K_shared, V_shared, q_s, do_s, lse_s, delta_s, ds_s,
@@ -109,14 +115,14 @@ def bwd_pingpong(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sc
         dq = T.alloc_fragment([block_n, dim], ACCUM)
         T.fill(dv, 0)
         T.fill(dk, 0)
-        if w == 1:
+        if turns and w == 1:
             T.named_barrier_arrive(1, threads)  # warpgroup 0 goes first
         T.mbarrier_wait_parity(kv_ready, 0)
         for step in T.serial(n):
             stage = step % num_stages
             h, k = step_at(step, bx, loop_start, loop_end)
             # Turn 1: the scores and dP^T.
-            T.sync_threads(1 + w, threads)
+            take_turn(w)
             T.mbarrier_wait_parity(data_ready[stage], (step // num_stages) % 2)
             T.wgmma_gemm(K_shared[w, :, :], q_s[stage, :, :], s_acc, transpose_B=True,
                          policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
@@ -137,7 +143,7 @@ def bwd_pingpong(heads, kv_heads, dim, causal, window, layout, dtype, softmax_sc
             T.fence_proxy_async()
             T.sync_threads(4 + w, 128)
             # Turn 2: dV += P dO, dK += dS^T q, dQ_w = dS K_w.
-            T.sync_threads(1 + w, threads)
+            take_turn(w)
             T.wgmma_gemm(p_cast, do_s[stage, :, :], dv, policy=T.GemmWarpPolicy.FullRow)
             T.wgmma_gemm(ds_s[w, :, :], q_s[stage, :, :], dk, policy=T.GemmWarpPolicy.FullRow)
             T.wgmma_gemm(ds_s[w, :, :], K_shared[w, :, :], dq, transpose_A=True,

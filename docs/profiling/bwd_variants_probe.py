@@ -20,6 +20,9 @@ postprocess, host included), on the H200:
   tensor cores, a partial dQ each, summed in shared memory and added by a writer warp) at the
   package's block_n and stages (block_m 128, 256 threads), with the bulk_dq postprocess;
   pingpong-bulk: its dQ partials added by the writer each as it is (dq_sum="bulk").
+- free, free-bulk: pingpong and pingpong-bulk without the turns (turns=False): the two
+  warpgroups run on their own, coupled only by the partial dQ hand-off (free) or not at all
+  (free-bulk).
 - cluster: bwd_cluster.bwd_cluster (key blocks in clusters of two, rank 1's dQ tile added to
   rank 0's in shared memory before one bulk add) at the package's block_n and stages, with the
   bulk_dq postprocess; a windowed, descending or in_block case runs the package's bwd (so
@@ -98,10 +101,12 @@ def tiling_of(name, package_tiling):
     ("overlap@128x64s2": block_m 128, block_n 64, 2 stages); bulk-dq's with bulk_dq."""
     if edit_of(name) == "bulk-dq":
         package_tiling = dict(package_tiling, bulk_dq=True)
-    if edit_of(name).startswith("pingpong") or edit_of(name) == "cluster":
+    if edit_of(name).startswith(("pingpong", "free")) or edit_of(name) == "cluster":
         package_tiling = dict(package_tiling, block_m=128, threads=256, blocks_per_sm=1, bulk_dq=True)
-    if edit_of(name) == "pingpong-bulk":
+    if edit_of(name) in ("pingpong-bulk", "free-bulk"):
         package_tiling = dict(package_tiling, dq_sum="bulk")
+    if edit_of(name) in ("free", "free-bulk"):
+        package_tiling = dict(package_tiling, turns=False)
     if "@" not in name:
         return package_tiling
     m, rest = name.split("@")[1].split("x")
@@ -121,7 +126,7 @@ def build_variants(cases):
         shipped = K._dq_layout
         for name in VARIANTS:
             bwd_factory = S.bwd_overlap if "overlap" in name else calls["bwd"][0]
-            if edit_of(name).startswith("pingpong"):
+            if edit_of(name).startswith(("pingpong", "free")):
                 bwd_factory = bwd_pingpong
             bwd_tiling = tiling_of(name, calls["bwd"][2])
             if edit_of(name) == "cluster":
@@ -132,7 +137,7 @@ def build_variants(cases):
             (pre_factory, pre_args, pre_tiling), (post_factory, post_args, post_tiling) = (
                 calls["preprocess"], calls["postprocess"])
             # The postprocess reads the bulk_dq layout.
-            if edit_of(name) in ("bulk-dq", "pingpong", "pingpong-bulk") or bwd_factory is bwd_cluster:
+            if edit_of(name) in ("bulk-dq", "pingpong", "pingpong-bulk", "free", "free-bulk") or bwd_factory is bwd_cluster:
                 post_tiling = K.postprocess_tiling(post_tiling, True)
             if edit_of(name) in ABLATIONS:  # the edited module's three backward phases
                 E = edited_kernels(PACKAGE_DIRS[p], edit_of(name))
