@@ -29,26 +29,27 @@
 # start refused or failed for two hours, 1500 of its 1800 s spent on them); session 46 an H200
 # after five failed starts (runs 200-204: mask-bounds tested and merged, symbolic within 1.05% of
 # static; the ping-pong window forward landed, 1.69x FlexAttention; heads-outer window backward
-# and two-stage sinks backward dropped). Left, in this order:
-#   1. The window-1024 backward (1.31x FlexAttention on the H200, the target 1.5x). Not its memory
-#      traffic: the heads-outer walk (run 202) raised the L2 hit rate 59.5% -> 79.7% and cut DRAM
-#      2.5x, and was 15% slower. One block an SM (168 registers, shared memory); SM throughput 44%.
-#      Next: its source-level stalls (`WINDOW=1024 bash docs/profiling/next_gpu_run.sh source
-#      attention_sink causal`) against the sinks causal backward's (the same call without
-#      WINDOW; both write source-attention_sink-causal*: move the first aside): per step, what
-#      the window's 4 masked steps in ~18 cost against the causal walk's 2 in ~32, and the
-#      block's fixed cost over 4 heads x 18 steps. (Its tiling is opgen tune's pick over its
-#      search space, H100 2026-12-06.)
-#   2. The D128 backward (H200 runs 201 / 204: 0.85x / 0.84x cuDNN full, 0.87x / 0.91x causal;
-#      D64 full 0.88x / 0.85x; GQA causal 0.89x): the ping-pong backward's source-level profile
-#      (run 178: right, level to 10% slower): `bash docs/profiling/render_copies.sh
-#      docs/profiling/patches/bwd-pingpong.patch bpp attention`, then `bash
-#      docs/profiling/next_gpu_run.sh source attention_bpp full` against run 159's
-#      (docs/gpu-logs/run159-source-attention-full-sass-h100.csv.gz): whether the turns wait on
-#      each other or the partial dQ hand-off is what it loses. (Dropped: the cluster backward,
-#      run 183, 5-26% slower; each warpgroup overlapping its own GEMMs, run 113, at most 1.4%.)
-#   3. The sinks causal backward (1.40x FlexAttention on the H200, run 201; two stages no faster):
-#      profile after 1.
+# and two-stage sinks backward dropped); session 47 an H100 after six failed starts (runs
+# 205-208: the ping-pong backward without turns dropped; each backward's kernels against cuDNN's;
+# the public rmsnorm backward kernel-bound; every family's bench in one call; rmsnorm's backward
+# with its dw sums in registers, 1.04-1.10x, on branch rmsnorm-dw-registers). Left, in order:
+#   1. Branch rmsnorm-dw-registers (w and the dw sums in registers; compile-checked, CPU suite
+#      green, never run on a GPU in its template form): `git checkout rmsnorm-dw-registers`,
+#      `bash docs/profiling/next_gpu_run.sh tests rmsnorm rmsnorm_tuned`, then `TUNE_ARGS="--phases
+#      bwd" bash docs/profiling/next_gpu_run.sh tune rmsnorm` (its prototype's best, runs 207-208:
+#      16-32 rows x 512 threads at C = 4096, 128 x 128 at 1024, 32 x 512 at 8192), `bench rmsnorm`;
+#      merge into main if green (issue 11's rmsnorm backward at 83-87% of the copy, run 206).
+#   2. The window-1024 backward (1.16x FlexAttention on the H100, run 206; its main kernel 1.24x
+#      Flex's, run 205). Not its memory traffic: the heads-outer walk (run 202) raised the L2 hit
+#      rate 59.5% -> 79.7% and cut DRAM 2.5x, and was 15% slower. One block an SM (168 registers,
+#      shared memory); SM throughput 44%. Next: its source-level stalls (`WINDOW=1024 bash
+#      docs/profiling/next_gpu_run.sh source attention_sink causal`) against the sinks causal
+#      backward's (the same call without WINDOW; both write source-attention_sink-causal*: move
+#      the first aside). Also the dsinks kernel (32 us a backward on 32 blocks, one per head, run
+#      205): its per-row terms could be summed by the preprocess, which has Delta in hand.
+#   3. The attention forwards short of 0.95x cuDNN on the H100 (run 206: D128 full and GQA full
+#      0.93x, D64 causal 0.94x; 0.97x, 0.97x and 1.05x on the H200, runs 201 / 204).
+#   4. matmul 8192^3 backward (0.94x cuBLAS on the H100, run 206).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
