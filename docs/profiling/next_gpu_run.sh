@@ -45,8 +45,13 @@
 #      shared memory); SM throughput 44%. Next: its source-level stalls (`WINDOW=1024 bash
 #      docs/profiling/next_gpu_run.sh source attention_sink causal`) against the sinks causal
 #      backward's (the same call without WINDOW; both write source-attention_sink-causal*: move
-#      the first aside). Also the dsinks kernel (32 us a backward on 32 blocks, one per head, run
-#      205): its per-row terms could be summed by the preprocess, which has Delta in hand.
+#      the first aside). Also the dsinks kernel (30-32 us a backward on 32 blocks, one per head,
+#      run 205; at the gpt-oss shape, whose whole backward is 0.267 ms, its pre- and postprocess
+#      and dsinks weigh most): its tiling at 1024 rows on 1024 threads (one step per batch row,
+#      where 128 x 128 walks 8; it compiles, ptxas 39 registers):
+#      `SPEC_EDIT='/^\[tiling.dsinks\]/,/^threads/{s/^block_m = 128/block_m = 1024/;s/^threads = 128/threads = 1024/}'
+#      bash docs/profiling/render_copies.sh - dsw attention_sink`, then `MASK=all bash
+#      docs/profiling/rows_ab.sh attention_sink attention_sink_dsw` and its tests.
 #   3. The attention forwards short of 0.95x cuDNN on the H100 (run 206: D128 full and GQA full
 #      0.93x, D64 causal 0.94x; 0.97x, 0.97x and 1.05x on the H200, runs 201 / 204).
 #   4. matmul 8192^3 backward (0.94x cuBLAS on the H100, run 206).
