@@ -51,7 +51,11 @@
 #      where 128 x 128 walks 8; it compiles, ptxas 39 registers):
 #      `SPEC_EDIT='/^\[tiling.dsinks\]/,/^threads/{s/^block_m = 128/block_m = 1024/;s/^threads = 128/threads = 1024/}'
 #      bash docs/profiling/render_copies.sh - dsw attention_sink`, then `MASK=all bash
-#      docs/profiling/rows_ab.sh attention_sink attention_sink_dsw` and its tests.
+#      docs/profiling/rows_ab.sh attention_sink attention_sink_dsw` and its tests. And the dQ
+#      postprocess with 16-byte loads and stores (91 us against cuDNN's 73.5 at MHA D128, run 205;
+#      every attention backward runs it): `timeout 200 python
+#      docs/profiling/postprocess_vec_probe.py` (compiles on the CPU: float4 loads, 16-byte
+#      stores); if it wins, the template's cast_dq walks dQ so.
 #   3. The attention forwards short of 0.95x cuDNN on the H100 (run 206: D128 full and GQA full
 #      0.93x, D64 causal 0.94x; 0.97x, 0.97x and 1.05x on the H200, runs 201 / 204).
 #   4. matmul 8192^3 backward (0.94x cuBLAS on the H100, run 206).
