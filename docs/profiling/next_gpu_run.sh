@@ -53,9 +53,13 @@
 #      bash docs/profiling/render_copies.sh - dsw attention_sink`, then `MASK=all bash
 #      docs/profiling/rows_ab.sh attention_sink attention_sink_dsw` and its tests. And the dQ
 #      postprocess with 16-byte loads and stores (91 us against cuDNN's 73.5 at MHA D128, run 205;
-#      every attention backward runs it): `timeout 200 python
-#      docs/profiling/postprocess_vec_probe.py` (compiles on the CPU: float4 loads, 16-byte
-#      stores); if it wins, the template's cast_dq walks dQ so.
+#      every attention backward runs it): the kernels alone, `timeout 200 python
+#      docs/profiling/postprocess_vec_probe.py`; in the template on branch bwd-postprocess-vec
+#      (compile-checked, CPU suite green): `bash docs/profiling/render_copies.sh
+#      bwd-postprocess-vec pv attention gqa attention_sink`, `MASK=all bash
+#      docs/profiling/rows_ab.sh attention attention_pv gqa gqa_pv attention_sink
+#      attention_sink_pv`, `bash docs/profiling/next_gpu_run.sh tests attention_pv gqa_pv
+#      attention_sink_pv`; merge the branch if faster and green.
 #   3. The attention forwards short of 0.95x cuDNN on the H100 (run 206: D128 full and GQA full
 #      0.93x, D64 causal 0.94x; 0.97x, 0.97x and 1.05x on the H200, runs 201 / 204).
 #   4. matmul 8192^3 backward (0.94x cuBLAS on the H100, run 206).
