@@ -59,7 +59,8 @@
 #      bwd-postprocess-vec pv attention gqa attention_sink`, `MASK=all bash
 #      docs/profiling/rows_ab.sh attention attention_pv gqa gqa_pv attention_sink
 #      attention_sink_pv`, `bash docs/profiling/next_gpu_run.sh tests attention_pv gqa_pv
-#      attention_sink_pv`; merge the branch if faster and green.
+#      attention_sink_pv`; merge the branch if faster and green (the prototype and its probe,
+#      postprocess_vec*.py, go then).
 #   3. The attention forwards short of 0.95x cuDNN on the H100 (run 206: D128 full and GQA full
 #      0.93x, D64 causal 0.94x; 0.97x, 0.97x and 1.05x on the H200, runs 201 / 204).
 #   4. matmul 8192^3 backward (0.94x cuBLAS on the H100, run 206).
