@@ -132,8 +132,11 @@ def test_field_errors(project, text, field, fragment):
     [
         ("[tiling.fwd]\nblock_rows = 1\nblock_channels = 64\n", "tiling.fwd.block_channels",
          "block_rows x block_channels must be at least threads (128)"),
-        ("[tiling.bwd]\nblock_channels = 16384\nthreads = 128\n", "tiling.bwd.block_channels",
+        ("[tiling.fwd]\nblock_rows = 2\nblock_channels = 8192\nthreads = 128\n", "tiling.fwd.block_channels",
          "must be at most 64 x threads (8192)"),
+        # The bwd's w and dw sums of a row at max_channels (16384) in its threads' registers.
+        ("[tiling.bwd]\nthreads = 128\n", "tiling.bwd.threads",
+         "the row must be at most 64 x threads (8192): each thread holds w and the dw sums"),
         ("[rmsnorm]\nmax_channels = 6000\n[bench]\nshapes = [{ rows = 64, channels = 4096 }]\n",
          "test.shapes.3",
          "last dim (C) must be at most rmsnorm.max_channels (6000) (got 8192)"),
@@ -155,16 +158,18 @@ def test_consistency_errors(project, text, field, fragment):
 
 
 def test_max_channels_names_the_phase_over_the_limit(project):
-    # bwd: 12 bytes per channel at fp16 (x, dy; w and dw in fp32), fwd: block_rows rows x 2 bytes.
+    # bwd registers: w and the dw sums of a row, at most 64 channels a thread (16384 at 256).
     found = problems(project, MINIMAL + "[rmsnorm]\nmax_channels = 20000\n")
-    assert [f for f, _ in found] == ["rmsnorm.max_channels"]
-    assert found[0][1].startswith("the bwd kernel stages a row of x and dy, and w and dw in fp32 "
-                                  "in shared memory: 247808 bytes at C = 20000")
-    found = problems(project, MINIMAL + "[rmsnorm]\nmax_channels = 32768\n"
-                     "[tiling.fwd]\nblock_rows = 4\nthreads = 256\n")
+    assert [f for f, _ in found] == ["tiling.bwd.threads"]
+    assert found[0][1].startswith("at C = max_channels (20000, rounded up to whole block_channels "
+                                  "chunks) the row must be at most 64 x threads (16384)")
+    # Shared memory: bwd one row each of x and dy (4 bytes a channel at fp16), fwd block_rows
+    # rows x 2 bytes.
+    found = problems(project, MINIMAL + "[rmsnorm]\nmax_channels = 65536\n"
+                     "[tiling.fwd]\nblock_rows = 4\nthreads = 256\n[tiling.bwd]\nthreads = 1024\n")
     assert [m.split(":")[0] for _, m in found] == [
         "the fwd kernel stages its block_rows rows of x in shared memory",
-        "the bwd kernel stages a row of x and dy, and w and dw in fp32 in shared memory",
+        "the bwd kernel stages its rows of x and dy in shared memory",
     ]
 
 
@@ -277,13 +282,14 @@ def test_shared_bytes():
     # fwd: 1 row of x (fp16) plus its fp32 rstd, and the reduction's 128 x 4-byte workspace.
     assert shared_bytes("fwd", fwd, 77, 2) == 1 * (1024 * 2 + 4) + 512
     # bwd, rows copied asynchronously (C * 2 bytes a multiple of 16): two rows each of x and dy
-    # (fp16), w and dw (fp32), two workspaces: 16 bytes a channel.
-    assert shared_bytes("bwd", bwd, 4096, 2) == 4096 * 16 + 2048
-    # Rows loaded by the first pass, one row of x and dy: 12 bytes a channel. A row off the
-    # 16-byte grid (C padded to 1024-chunks), or two stages over the limit at C = 16384.
-    assert shared_bytes("bwd", bwd, 4097, 2) == 5120 * 12 + 2048
-    assert shared_bytes("bwd", bwd, 16384, 2) == 16384 * 12 + 2048
-    assert shared_bytes("bwd", bwd, 16384, 2) <= SM90_SMEM_LIMIT < shared_bytes("bwd", bwd, 20000, 2)
+    # (fp16), two workspaces: 8 bytes a channel (w and the dw sums are registers).
+    assert shared_bytes("bwd", bwd, 4096, 2) == 4096 * 8 + 2048
+    assert shared_bytes("bwd", bwd, 16384, 2) == 16384 * 8 + 2048
+    # Rows loaded by the first pass, one row of x and dy: 4 bytes a channel. A row off the
+    # 16-byte grid (C padded to 1024-chunks), or two fp32 stages over the limit at C = 16384.
+    assert shared_bytes("bwd", bwd, 4097, 2) == 5120 * 4 + 2048
+    assert shared_bytes("bwd", bwd, 16384, 4) == 16384 * 8 + 2048
+    assert shared_bytes("bwd", bwd, 16384, 4) <= SM90_SMEM_LIMIT < shared_bytes("bwd", bwd, 65536, 2)
 
 
 def test_copied_rows_match_the_generated_kernels():
@@ -302,8 +308,8 @@ def test_copied_rows_match_the_generated_kernels():
                     (dtype, channels, row_stages)
     # Three where they fit, two where only two do, one off the 16-byte grid.
     three = {**DEFAULT_TILING["bwd"].model_dump(), "row_stages": 3}
-    assert [copied_rows(three, c, 2) for c in (4096, 8192, 12288, 14336, 16384, 4097)] == \
-        [3, 3, 2, 2, 1, 1]
+    assert [copied_rows(three, c, 2) for c in (4096, 16384, 4097)] == [3, 3, 1]
+    assert [copied_rows(three, c, 4) for c in (8192, 12288, 16384)] == [3, 2, 1]
 
 
 def test_plan_test_cases_and_tail_case(project):
@@ -364,7 +370,7 @@ def test_explain_tables(project):
     kernels = tables["kernels"]
     assert kernels[0] == ["factory", "phase", "grid", "tiling", "shared memory", "computes"]
     assert kernels[1][2].endswith("= (16384,)") and kernels[2][2].endswith("= (1024,)")
-    assert kernels[2][4] == "66.0 KiB"  # two rows of x and dy in flight (async copies)
+    assert kernels[2][4] == "34.0 KiB"  # two rows of x and dy in flight (async copies)
     dw = tables["gradient reductions"][2]
     assert dw[:2] == ["dw", "atomic"] and dw[4] == "4194304 (1024 per address)"
     saved = {row[0]: row[1] for row in tables["saved for backward"][1:]}

@@ -46,13 +46,13 @@ def padded(cols, block_channels):
 def copied_rows(cols, dtype, block_channels, threads, row_stages):
     """Rows of x and dy the bwd kernel stages in shared memory: row_stages (2 or 3), copied
     asynchronously (cp.async) row_stages - 1 rows ahead of the row being reduced, where every row
-    starts on a 16-byte boundary (cp.async moves 16-byte vectors) and that many rows fit beside w
-    and the dw sums (fp32) and the two row sums' workspaces; else the most down to 2 that fit;
+    starts on a 16-byte boundary (cp.async moves 16-byte vectors) and that many rows fit beside
+    the two row sums' workspaces; else the most down to 2 that fit;
     else 1: the row is loaded by the first pass, and only its own loads are in flight."""
     elem = ELEMENT_BYTES[dtype]
     width = padded(cols, block_channels)
     for stages in range(row_stages, 1, -1):
-        staged = width * (stages * 2 * elem + 2 * 4) + 2 * 4 * threads
+        staged = width * stages * 2 * elem + 2 * 4 * threads
         if cols * elem % 16 == 0 and staged <= SHARED_MEMORY_LIMIT:
             return stages
     return 1
@@ -164,8 +164,10 @@ def rmsnorm_bwd(
     A block walks its rows one at a time. Each row of x and dy is staged in shared memory: copied
     asynchronously one or two rows ahead where `copied_rows` allows, else loaded by the first pass
     over the chunks. The first pass sums w * dy * x (and x^2 without a saved rstd); the second
-    writes dx and adds dy * x * rstd to the block's fp32 dw sums, one per channel in shared
-    memory, which the block adds (atomic) or stores (split) once at the end.
+    writes dx and adds dy * x * rstd to the block's fp32 dw sums, which the block adds (atomic)
+    or stores (split) once at the end. Each thread takes the same channels of every chunk of
+    every row, so w and the dw sums of its channels are its registers (fragments [chunks,
+    block_channels]): no shared-memory read and write per channel a row.
 
     No out_idx: dX (written once per element) and dW (the fp32 buffer of `dw_buffer`) are passed
     in; for atomic also Done (the int32 count of finished blocks, zero on entry and on exit) and
@@ -220,8 +222,8 @@ def rmsnorm_bwd(
         with T.Kernel(T.ceildiv(rows, block_rows), threads=threads) as bx:
             x_row = T.alloc_shared([1, width], dtype)
             dy_row = T.alloc_shared([1, width], dtype)
-            w = T.alloc_shared([width], ACCUM)
-            dw_sums = T.alloc_shared([width], ACCUM)
+            w = T.alloc_fragment([chunks, block_channels], ACCUM)
+            dw_sums = T.alloc_fragment([chunks, block_channels], ACCUM)
             dots = T.alloc_fragment([1, block_channels], ACCUM)
             squares = T.alloc_fragment([1, block_channels], ACCUM)
             dot = T.alloc_fragment([1], ACCUM)
@@ -229,8 +231,8 @@ def rmsnorm_bwd(
             for k in T.serial(chunks):
                 for j in T.Parallel(block_channels):
                     c = k * block_channels + j
-                    w[c] = T.if_then_else(c < cols, T.cast(W[c], ACCUM), 0)
-                    dw_sums[c] = 0
+                    w[k, j] = T.if_then_else(c < cols, T.cast(W[c], ACCUM), 0)
+                    dw_sums[k, j] = 0
             # Only the block's rows that exist: the last block may have fewer than block_rows.
             block_rows_here = T.min(block_rows, rows - bx * block_rows)
             for s in row_loop(block_rows_here):
@@ -253,7 +255,7 @@ def rmsnorm_bwd(
                             dy = T.if_then_else(c < cols, dY[r, c], T.cast(0, dtype))
                             x_row[0, c] = x
                             dy_row[0, c] = dy
-                        dots[i, j] += w[c] * T.cast(dy, ACCUM) * T.cast(x, ACCUM)
+                        dots[i, j] += w[k, j] * T.cast(dy, ACCUM) * T.cast(x, ACCUM)
                         if not save_rstd:
                             squares[i, j] += T.cast(x, ACCUM) * T.cast(x, ACCUM)
                 T.reduce_sum(dots, dot, dim=1)
@@ -273,18 +275,18 @@ def rmsnorm_bwd(
                         if writes:
                             # d(x * rstd * w)/dx . dy, with mean(w * dy * x) = dot / C
                             dX[r, c] = T.cast(
-                                rstd * (w[c] * dy - x * (rstd * rstd * dot[0] * inv_cols)), dtype
+                                rstd * (w[k, j] * dy - x * (rstd * rstd * dot[0] * inv_cols)), dtype
                             )
-                            dw_sums[c] += dy * x * rstd
+                            dw_sums[k, j] += dy * x * rstd
             # One add (or store) per channel of the block; channels past cols are guarded.
             for k in T.serial(chunks):
                 for j in T.Parallel(block_channels):
                     c = k * block_channels + j
                     if c < cols:
                         if reduction == "atomic":
-                            T.atomic_add(dW[c], dw_sums[c])
+                            T.atomic_add(dW[c], dw_sums[k, j])
                         else:
-                            dW[bx, c] = dw_sums[c]
+                            dW[bx, c] = dw_sums[k, j]
             if reduction == "atomic":
                 finish(dW, Done, dW_out)
 

@@ -6,7 +6,8 @@ channel. A forward block normalises block_rows rows at once; a backward block wa
 rows one at a time. Both loop over C in chunks of block_channels (the last chunk guarded), staging
 the rows in shared memory so that x (and dy) are read from HBM once; max_channels bounds C so
 that the staged rows fit. dx is written once per element. dw sums dy * x * rstd over the rows: a
-backward block accumulates its rows in fp32 in shared memory, then issues one fp32 atomic per
+backward block accumulates its rows in fp32 in registers (each thread the same channels of every
+row), then issues one fp32 atomic per
 channel (atomic) or writes one fp32 partial per channel (split, summed on the host in a fixed
 order: deterministic).
 
@@ -36,7 +37,10 @@ from opgen.spec import (BenchSection, Block, MatrixShape, PositiveInt, RowBlock,
 # Each thread keeps its share of a chunk's fp32 row sums (x^2, w * dy * x) in registers until the
 # in-block reduction: at most this many elements of a chunk per thread.
 MAX_CHUNK_ELEMENTS_PER_THREAD = 64
-ACCUM_BYTES = 4  # fp32: rstd, the backward's staged w and its dw sums
+# The backward keeps w and its block's dw sums in registers, each thread the same channels of
+# every row: at most this many of each (fp32) per thread, across the padded row.
+MAX_ROW_ELEMENTS_PER_THREAD = 64
+ACCUM_BYTES = 4  # fp32: rstd, the row sums' workspaces
 
 
 class RowTiling(StrictModel):
@@ -154,7 +158,7 @@ def copied_rows(tiling: dict[str, int], channels: int, elem: int) -> int:
     width = padded(channels, tiling["block_channels"])
     aligned = channels * elem % 16 == 0
     for stages in range(tiling.get("row_stages", 2), 1, -1):
-        staged = width * (stages * 2 * elem + 2 * ACCUM_BYTES) + 2 * ACCUM_BYTES * tiling["threads"]
+        staged = width * stages * 2 * elem + 2 * ACCUM_BYTES * tiling["threads"]
         if aligned and staged <= SM90_SMEM_LIMIT:
             return stages
     return 1
@@ -164,14 +168,21 @@ def shared_bytes(phase: str, tiling: dict[str, int], channels: int, elem: int) -
     """Shared memory of one block at C = channels (TileLang places these buffers; the compile
     check reads the real figure). fwd: its block_rows rows of x in x's dtype, the fp32 rstd per
     row, the reduction's workspace. bwd: its staged rows of x and dy (copied_rows) in x's
-    dtype, w and the block's dw sums in fp32 across the row, one workspace per row sum (x^2 and
-    w * dy * x)."""
+    dtype, one workspace per row sum (x^2 and w * dy * x); its w and dw sums are registers
+    (row_register_problem)."""
     width = padded(channels, tiling["block_channels"])
     workspace = ACCUM_BYTES * tiling["threads"]
     if phase == "fwd":
         return tiling["block_rows"] * (width * elem + ACCUM_BYTES) + workspace
     rows = copied_rows(tiling, channels, elem)
-    return width * (rows * 2 * elem + 2 * ACCUM_BYTES) + 2 * workspace
+    return width * rows * 2 * elem + 2 * workspace
+
+
+def row_register_problem(t: RowTiling, channels: int) -> str | None:
+    """Why a bwd tiling's threads cannot keep w and the dw sums of a padded row of C = channels
+    in registers, or None."""
+    return too_many_elements(padded(channels, t.block_channels), t.threads,
+                             MAX_ROW_ELEMENTS_PER_THREAD, "w and the dw sums (fp32) of its channels")
 
 
 def widest_element(spec: Spec) -> int:
@@ -197,6 +208,15 @@ def chunks_fit_threads(spec: Spec):
             yield f"tiling.{phase}{key}", problem
 
 
+def bwd_row_fits_registers(spec: Spec):
+    limit = spec.rmsnorm.max_channels
+    problem = row_register_problem(spec.tiling.bwd, limit)
+    if problem:
+        yield "tiling.bwd.threads", (f"at C = max_channels ({limit}, rounded up to whole "
+                                     f"block_channels chunks) the row {problem}; raise threads "
+                                     f"or lower rmsnorm.max_channels")
+
+
 def rows_fit_shared_memory(spec: Spec):
     elem = widest_element(spec)
     limit = spec.rmsnorm.max_channels
@@ -206,7 +226,7 @@ def rows_fit_shared_memory(spec: Spec):
             staged, lower = (
                 ("its block_rows rows of x", "max_channels or tiling.fwd.block_rows")
                 if phase == "fwd" else
-                ("a row of x and dy, and w and dw in fp32", "max_channels")
+                ("its rows of x and dy", "max_channels")
             )
             yield "rmsnorm.max_channels", (
                 f"the {phase} kernel stages {staged} in shared memory: {need} bytes at "
@@ -219,6 +239,8 @@ def tuned_problems(phase: str, t: RowTiling, channels: int, elem: int) -> list[t
     """(key, problem) of a tiling for calls at C = channels: the chunk rule, and its staged rows
     within the sm_90 shared memory at that C."""
     problems = chunk_problems(phase, t)
+    if phase == "bwd" and (problem := row_register_problem(t, channels)):
+        problems.append((".threads", f"at C = {channels} the row {problem}; raise threads"))
     need = shared_bytes(phase, t.model_dump(), channels, elem)
     if need > SM90_SMEM_LIMIT:
         lower = "block_rows" if phase == "fwd" else "block_channels (rows are padded to whole chunks)"
@@ -278,7 +300,8 @@ def bench_shapes_within_max_channels(spec: Spec):
 
 
 # The rmsnorm rules, in the order their problems are reported (after the shared ones).
-RULES = (chunks_fit_threads, rows_fit_shared_memory, tested_shapes_within_max_channels,
+RULES = (chunks_fit_threads, bwd_row_fits_registers, rows_fit_shared_memory,
+         tested_shapes_within_max_channels,
          tested_shapes_have_tails, bench_shapes_within_max_channels, tuned_tilings_fit)
 
 

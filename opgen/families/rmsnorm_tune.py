@@ -20,14 +20,15 @@ from opgen.plan import CompileJob, weight_dtype
 from opgen.tune import Candidate
 
 # The candidates of each phase: every combination, in this order, that the rules accept at the C
-# (1-64 elements of a chunk per thread, the staged rows within shared memory). A fwd block
+# (1-64 elements of a chunk per thread, the bwd's w and dw sums of a row within 64 registers a
+# thread, the staged rows within shared memory). A fwd block
 # normalises block_rows rows at once; a bwd block walks its block_rows rows one at a time, so
 # its rows trade dw atomics (partials) against blocks for the SMs, and row_stages the rows in
 # flight against blocks an SM.
 SEARCH_SPACE = {
     "fwd": {"block_rows": (1, 2, 4), "block_channels": (512, 1024, 2048),
             "threads": (128, 256, 512)},
-    "bwd": {"block_rows": (8, 16, 32, 64), "block_channels": (512, 1024, 2048),
+    "bwd": {"block_rows": (8, 16, 32, 64, 128), "block_channels": (512, 1024, 2048),
             "threads": (128, 256, 512), "row_stages": (2, 3)},
 }
 
