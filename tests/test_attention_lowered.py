@@ -215,7 +215,23 @@ def test_the_softmax_scale_multiplies_dk_at_its_store_and_dq_in_the_postprocess(
         "dK takes the scale after the walk's steps, before its store")
     postprocess = lower(gqa.gqa_bwd_postprocess, (32, 8, 128, "bshd", "bfloat16", 0.125, "in_block", "in_block"),
                         TILING["postprocess"])
-    assert re.search(r"\(\(bfloat16_t\)\(.* \* 0x1p-3f", postprocess), "dQ scaled as it is cast"
+    assert postprocess.count("0x1p-3f") == 1, "one multiply by the scale"
+    assert postprocess.index("0x1p-3f") < postprocess.index("__float22bfloat162_rn"), (
+        "dQ scaled as it is cast")
+
+
+def test_the_postprocess_moves_dq_in_16_byte_vectors():
+    """The dQ accumulator in the atomics' fragment order is read as two 16-byte runs a thread
+    and dQ stored as one 16-byte vector of 8 columns, in both layouts; the bulk-dq layout keeps
+    its element loop."""
+    attention = import_generated("attention", "kernels")
+    for layout in ("bshd", "bhsd"):
+        cuda = lower(attention.attention_bwd_postprocess,
+                     (16, 16, 128, layout, "float16", 0.125, "direct", "direct"), TILING["postprocess"])
+        assert "*(float4*)(dQ + " in cuda and "*(uint4*)(dQ_out + " in cuda, layout
+    bulk = lower(attention.attention_bwd_postprocess, (16, 16, 128, "bshd", "float16", 0.125, "direct", "direct"),
+                 {**TILING["postprocess"], "bulk_dq": True})
+    assert "*(uint4*)(dQ_out + " not in bulk
 
 
 def test_code_without_comments_and_docstrings_lowers_to_the_same_cuda(tmp_path):

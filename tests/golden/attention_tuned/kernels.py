@@ -1181,7 +1181,10 @@ def attention_tuned_bwd(
     return bwd
 
 
-@tilelang.jit
+# Without TileLang's safe-memory pass: it would guard each dQ load against the accumulator's
+# symbolic padded rows (a row < seq_len always lies within them), and a guarded load is not
+# vectorized.
+@tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
 def attention_tuned_bwd_postprocess(
     heads,
     kv_heads,
@@ -1217,18 +1220,43 @@ def attention_tuned_bwd_postprocess(
     _, elem, index = _indexers(layout)
 
     # Element loops, not tile copies: a copy between two global buffers over the symbolic
-    # padded rows costs TileLang's layout inference several seconds of build per kernel, and
-    # these loops lower to the same vector loads and stores.
+    # padded rows costs TileLang's layout inference several seconds of build per kernel.
     @T.macro
     def cast_dq(dQ, dQ_out, bx, by, bz):
-        for i, j in T.Parallel(block_m, dim):
-            row = bx * block_m + i
-            if row < seq_len:
-                T.buffer_store(
-                    dQ_out,
-                    T.cast(elem(dQ, bz, by, row, j) * softmax_scale, dtype),
-                    index(bz, by, row, j),
-                )
+        if bulk_dq:
+            for i, j in T.Parallel(block_m, dim):
+                row = bx * block_m + i
+                if row < seq_len:
+                    T.buffer_store(
+                        dQ_out,
+                        T.cast(elem(dQ, bz, by, row, j) * softmax_scale, dtype),
+                        index(bz, by, row, j),
+                    )
+        else:
+            # The atomics' 8x8 fragment order keeps a row's 8 columns from c as two runs of 4
+            # floats (columns c, c+2, c+4, c+6, then c+1, ...): a thread loads both runs as two
+            # 16-byte vectors, puts the 8 in column order and stores them as one. Consecutive
+            # threads take the rows of an 8-row group, then the next 8 columns: a warp reads one
+            # contiguous 1 KB.
+            tx = T.get_thread_binding()
+            runs = T.alloc_local([8], ACCUM)  # column c + 2v + p at 4p + v
+            cols = T.alloc_local([8], ACCUM)  # column c + t at t
+            for it in T.unroll(T.ceildiv(block_m * dim // 8, threads)):
+                item = it * threads + tx
+                row = bx * block_m + item // (dim // 8 * 8) * 8 + item % 8
+                col = item // 8 % (dim // 8) * 8
+                if item < block_m * dim // 8 and row < seq_len:
+                    for p in T.unroll(2):
+                        for v in T.vectorized(4):
+                            runs[4 * p + v] = elem(dQ, bz, by, row, col + 2 * v + p)
+                    for t in T.unroll(8):
+                        cols[t] = runs[4 * (t % 2) + t // 2]
+                    for t in T.vectorized(8):
+                        T.buffer_store(
+                            dQ_out,
+                            T.cast(cols[t] * softmax_scale, dtype),
+                            index(bz, by, row, col + t),
+                        )
 
     if dk_reduction in WRITTEN_BY_BWD and dv_reduction in WRITTEN_BY_BWD:
 
