@@ -137,7 +137,9 @@ DEFAULT_TILING = {
     "bwd": BwdTiling(block_m=128, block_n=32, threads=256, num_stages=2),
     "preprocess": RowTiling(block_m=32, threads=128),
     "postprocess": RowTiling(block_m=64, threads=128),
-    "dsinks": RowTiling(block_m=128, threads=128),  # used only with attention.sinks
+    # Used only with attention.sinks: one block a head walks batch x seq_len rows, so a wide
+    # block (1024 rows a step) takes fewer serial steps: 4% off the gpt-oss-shape backward.
+    "dsinks": RowTiling(block_m=1024, threads=1024),
 }
 
 
