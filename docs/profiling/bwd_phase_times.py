@@ -4,6 +4,7 @@ dsinks) next to SDPA cuDNN's and FlexAttention's own kernels, from torch.profile
 backwards through the public functions (torch.autograd.grad, retain_graph).
 
     python docs/profiling/bwd_phase_times.py
+    ONLY=gpt-oss python docs/profiling/bwd_phase_times.py   # the cases whose name holds ONLY
 """
 import collections
 import os
@@ -29,6 +30,7 @@ CASES = [
     ("GQA D128 causal", 2, 32, 8, 4096, 128, True, torch.bfloat16, None, False),
     ("sinks D128 causal", 2, 32, 8, 4096, 128, True, torch.bfloat16, None, True),
     ("sinks window 1024", 2, 32, 8, 4096, 128, True, torch.bfloat16, 1024, True),
+    ("sinks window 128 gpt-oss", 1, 64, 8, 4096, 64, True, torch.bfloat16, 128, True),
 ]
 
 
@@ -59,6 +61,8 @@ def report(label, totals):
 def main():
     print(f"# backward kernels, {torch.cuda.get_device_name()}, torch {torch.__version__}")
     for name, b, h, kv, s, d, causal, dtype, window, sinks in CASES:
+        if os.environ.get("ONLY", "") not in name:
+            continue
         torch.manual_seed(0)
         q = torch.randn(b, s, h, d, device="cuda", dtype=dtype, requires_grad=True)
         k, v = (torch.randn(b, s, kv, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
