@@ -29,41 +29,38 @@
 # start refused or failed for two hours, 1500 of its 1800 s spent on them); session 46 an H200
 # after five failed starts (runs 200-204: mask-bounds tested and merged, symbolic within 1.05% of
 # static; the ping-pong window forward landed, 1.69x FlexAttention; heads-outer window backward
-# and two-stage sinks backward dropped); session 47 an H100 after six failed starts (runs
-# 205-208: the ping-pong backward without turns dropped; each backward's kernels against cuDNN's;
-# the public rmsnorm backward kernel-bound; every family's bench in one call; rmsnorm's backward
-# with its dw sums in registers, 1.04-1.10x, on branch rmsnorm-dw-registers). Left, in order:
-#   1. Branch rmsnorm-dw-registers (w and the dw sums in registers; compile-checked, CPU suite
-#      green, never run on a GPU in its template form): `git checkout rmsnorm-dw-registers`,
-#      `bash docs/profiling/next_gpu_run.sh tests rmsnorm rmsnorm_tuned`, then `TUNE_ARGS="--phases
-#      bwd" bash docs/profiling/next_gpu_run.sh tune rmsnorm` (its prototype's best, runs 207-208:
-#      16-32 rows x 512 threads at C = 4096, 128 x 128 at 1024, 32 x 512 at 8192), `bench rmsnorm`;
-#      merge into main if green (issue 11's rmsnorm backward at 83-87% of the copy, run 206).
-#   2. The window-1024 backward (1.16x FlexAttention on the H100, run 206; its main kernel 1.24x
-#      Flex's, run 205). Not its memory traffic: the heads-outer walk (run 202) raised the L2 hit
-#      rate 59.5% -> 79.7% and cut DRAM 2.5x, and was 15% slower. One block an SM (168 registers,
-#      shared memory); SM throughput 44%. Next: its source-level stalls (`WINDOW=1024 bash
-#      docs/profiling/next_gpu_run.sh source attention_sink causal`) against the sinks causal
-#      backward's (the same call without WINDOW; both write source-attention_sink-causal*: move
-#      the first aside). Also the dsinks kernel (30-32 us a backward on 32 blocks, one per head,
-#      run 205; at the gpt-oss shape, whose whole backward is 0.267 ms, its pre- and postprocess
-#      and dsinks weigh most): its tiling at 1024 rows on 1024 threads (one step per batch row,
-#      where 128 x 128 walks 8; it compiles, ptxas 39 registers):
-#      `SPEC_EDIT='/^\[tiling.dsinks\]/,/^threads/{s/^block_m = 128/block_m = 1024/;s/^threads = 128/threads = 1024/}'
-#      bash docs/profiling/render_copies.sh - dsw attention_sink`, then `MASK=all bash
-#      docs/profiling/rows_ab.sh attention_sink attention_sink_dsw` and its tests. And the dQ
-#      postprocess with 16-byte loads and stores (91 us against cuDNN's 73.5 at MHA D128, run 205;
-#      every attention backward runs it): the kernels alone, `timeout 200 python
-#      docs/profiling/postprocess_vec_probe.py`; in the template on branch bwd-postprocess-vec
-#      (compile-checked, CPU suite green): `bash docs/profiling/render_copies.sh
-#      bwd-postprocess-vec pv attention gqa attention_sink`, `MASK=all bash
-#      docs/profiling/rows_ab.sh attention attention_pv gqa gqa_pv attention_sink
-#      attention_sink_pv`, `bash docs/profiling/next_gpu_run.sh tests attention_pv gqa_pv
-#      attention_sink_pv`; merge the branch if faster and green (the prototype and its probe,
-#      postprocess_vec*.py, go then).
-#   3. The attention forwards short of 0.95x cuDNN on the H100 (run 206: D128 full and GQA full
-#      0.93x, D64 causal 0.94x; 0.97x, 0.97x and 1.05x on the H200, runs 201 / 204).
-#   4. matmul 8192^3 backward (0.94x cuBLAS on the H100, run 206).
+# and two-stage sinks backward dropped); session 47 an H100 after six failed starts
+# (runs 205-208: the ping-pong backward without turns dropped; each backward's kernels against
+# cuDNN's; the public rmsnorm backward kernel-bound; every family's bench in one call; rmsnorm's
+# backward with its dw sums in registers, 1.04-1.10x, on branch rmsnorm-dw-registers); session 48
+# an H100 (runs 209-215: rmsnorm's registers backward tested, re-tuned and merged, 95.5-96.5% of
+# the copy; the vectorized dQ postprocess and the wide dsinks kernel A/B'd, tested and merged; the
+# benches as merged; the windowed backwards' stalls; the gpt-oss backward kernel by kernel). Left,
+# in order:
+#   1. Branch bwd-cast-dq (compile-checked, CPU suite green, never run on a GPU): the bwd tiling
+#      key cast_dq_in_bwd: each block counts itself into an int32 count per query block once its
+#      dQ adds there are done, the block that completes a count casts that query block into dQ and
+#      zeroes its accumulator rows and count; the accumulator and counts are kept zeroed between
+#      calls (one pair per device and stream), so the preprocess zeroes no dQ and no postprocess
+#      casts it. At the gpt-oss shape the pre- and postprocess are 33% of the backward (run 215:
+#      pre 46.5 us, half of it the zeroing, post 35.8, main 161). On the branch:
+#      `git checkout bwd-cast-dq`, then copies with the key on every bwd tiling:
+#      `SPEC_EDIT='s/^\(bwd = .*\) }$/\1, cast_dq_in_bwd = true }/;s/^\[tiling.bwd\]\(.*\)$/[tiling.bwd]\1\ncast_dq_in_bwd = true/'
+#      bash docs/profiling/render_copies.sh - cd attention gqa attention_sink`; one call: `bash
+#      docs/profiling/next_gpu_run.sh tests attention_cd gqa_cd attention_sink_cd attention_tuned`
+#      (attention_tuned runs it at D64 full with bulk_dq and D128 causal), then `MASK=all bash
+#      docs/profiling/rows_ab.sh attention attention_cd gqa gqa_cd attention_sink
+#      attention_sink_cd`. If right and faster, turn it on per tuned entry (or add it to the tune
+#      space, attention_tune.PHASE_SPACE) and merge; if a count's fence or atomic costs more than
+#      the postprocess saves at the big shapes, keep it where it wins (the windowed entries).
+#   2. The dsinks kernel folded into the preprocess (each block's partial sums of its rows, the
+#      last block to finish sums them in a fixed order, as rmsnorm's dw): one launch less a
+#      backward (4.9 us at the gpt-oss shape, run 215).
+#   3. The attention backward's main kernel: 0.85x cuDNN's at MHA D128 full (run 205); the
+#      windowed ones stall on a GEMM descriptor's UMOV and on GEMM waits (runs 213-214).
+#   4. The attention forwards short of 0.95x cuDNN on the H100 (run 212: D128 full 0.94x).
+#   5. matmul 8192^3 backward (0.94x cuBLAS on the H100, run 206).
+#   6. Every generated test on the H200 (the acceptance's machine; runs 209-213 were on an H100).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
