@@ -5,8 +5,13 @@ backwards through the public functions (torch.autograd.grad, retain_graph).
 
     python docs/profiling/bwd_phase_times.py
     ONLY=gpt-oss python docs/profiling/bwd_phase_times.py   # the cases whose name holds ONLY
+    SUFFIX=_cd python docs/profiling/bwd_phase_times.py      # package copies too (render_copies.sh)
+
+With SUFFIX, each case also runs the copies generated/attention{SUFFIX}, gqa{SUFFIX} and
+attention_sink{SUFFIX} (a variant's kernels next to the package's, in the same process).
 """
 import collections
+import importlib
 import os
 import sys
 
@@ -16,10 +21,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.getcwd())
-from generated.attention import attention  # noqa: E402
-from generated.attention_sink import attention_sink  # noqa: E402
 from generated.attention_sink.bench_attention_sink import candidates as sink_candidates  # noqa: E402
-from generated.gqa import gqa  # noqa: E402
+
+# (label, attention, gqa, attention_sink): the packages, and with SUFFIX their copies.
+SUFFIX = os.environ.get("SUFFIX", "")
+PACKAGES = [("opgen" + label, *(getattr(importlib.import_module(f"generated.{name}{suffix}"), f"{name}{suffix}")
+                                for name in ("attention", "gqa", "attention_sink")))
+            for label, suffix in [("", "")] + ([(f" {SUFFIX}", SUFFIX)] if SUFFIX else [])]
 
 CALLS = 5
 # (name, batch, heads, kv_heads, seq_len, head_dim, causal, dtype, window, sinks)
@@ -71,14 +79,16 @@ def main():
         if sinks:
             sink = torch.randn(h, device="cuda", dtype=torch.float32, requires_grad=True)
             inputs = (q, k, v, sink)
-            report("opgen", kernel_times(lambda: attention_sink(q, k, v, sink, causal=causal, window=window),
-                                         inputs, grad))
+            for label, _, _, sink_op in PACKAGES:
+                report(label, kernel_times(lambda: sink_op(q, k, v, sink, causal=causal, window=window),
+                                           inputs, grad))
             flex = sink_candidates(s, causal, window, h != kv)["FlexAttention"]
             report("FlexAttention", kernel_times(lambda: flex(q, k, v, sink), inputs, grad))
             continue
         inputs = (q, k, v)
-        op = attention if h == kv else gqa
-        report("opgen", kernel_times(lambda: op(q, k, v, causal=causal), inputs, grad))
+        for label, mha, grouped, _ in PACKAGES:
+            op = mha if h == kv else grouped
+            report(label, kernel_times(lambda: op(q, k, v, causal=causal), inputs, grad))
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             report("SDPA cuDNN", kernel_times(

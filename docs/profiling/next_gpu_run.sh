@@ -50,7 +50,9 @@
 #      docs/profiling/next_gpu_run.sh tests attention_cd gqa_cd attention_sink_cd attention_tuned`
 #      (attention_tuned runs it at D64 full with bulk_dq and D128 causal), then `MASK=all bash
 #      docs/profiling/rows_ab.sh attention attention_cd gqa gqa_cd attention_sink
-#      attention_sink_cd`. If right and faster, turn it on per tuned entry (or add it to the tune
+#      attention_sink_cd` and each backward's kernels against the package's in one process:
+#      `SUFFIX=_cd timeout 200 python docs/profiling/bwd_phase_times.py` (the count's cost
+#      is the bwd kernel's time against the package's). If right and faster, turn it on per tuned entry (or add it to the tune
 #      space, attention_tune.PHASE_SPACE) and merge; if a count's fence or atomic costs more than
 #      the postprocess saves at the big shapes, keep it where it wins (the windowed entries).
 #   2. The dsinks kernel folded into the preprocess (each block's partial sums of its rows, the
