@@ -18,6 +18,7 @@ from .autograd import (
     DTYPE_NAMES,
     DK_REDUCTION,
     DV_REDUCTION,
+    ZEROED,
     backward_op,
     call_plan,
     check_inputs,
@@ -167,6 +168,11 @@ def check_against_reference(inputs, do, dtype, causal, window, layout):
     assert_close("dV", got["v"], ref["v"], dtype)
     assert_close("dK", got["k"], ref["k"], dtype)
     assert_close("dQ", got["q"], ref["q"], dtype)
+    # The dQ accumulators a bwd kernel that casts dQ itself keeps between calls: left zeroed.
+    for accumulator, counts in ZEROED.values():
+        assert (
+            not accumulator.any() and not counts.any()
+        ), "a backward left its dQ accumulator or counts nonzero"
 
 
 @requires_cuda
@@ -274,7 +280,9 @@ def test_autocast_casts_the_inputs(dtype, given):
 def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduction):
     """The preprocess, then the main backward kernel, on buffers filled with NaN: the preprocess
     must zero every fp32 atomic target. Returns the buffers (dQ, dK, dV raw) and a launch of the
-    main kernel alone."""
+    main kernel alone. A bwd kernel that casts dQ itself (plan.cast_dq) takes its accumulator and
+    counts zeroed (they stay so) and writes dQ: buffers["dQ"] is then that dQ, and
+    buffers["dQ accumulator"] and buffers["counts"] are the zeroed pair."""
     tensors = [t.detach() for t in inputs.values()]
     q, k, v = tensors[:3]
     scale = default_softmax_scale(q.shape[-1])
@@ -284,13 +292,34 @@ def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduc
     buffers = {"dQ": torch.full(plan.dq_accum_shape, float("nan"), device="cuda")}
     for label, (shape, dtype) in (("dK", plan.dk_buffer), ("dV", plan.dv_buffer)):
         buffers[label] = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
-    plan.preprocess(o, do, delta, buffers["dQ"], buffers["dK"], buffers["dV"])
+    if plan.cast_dq:
+        buffers["dQ"] = torch.full_like(q, float("nan"))
+        buffers["dQ accumulator"] = torch.zeros(plan.dq_accum_shape, device="cuda")
+        buffers["counts"] = torch.zeros(plan.lse_shape, dtype=torch.int32, device="cuda")
+        plan.preprocess(o, do, delta, buffers["dK"], buffers["dV"])
+    else:
+        plan.preprocess(o, do, delta, buffers["dQ"], buffers["dK"], buffers["dV"])
 
     def launch():
-        plan.bwd(q, k, v, do, lse, delta, buffers["dQ"], buffers["dK"], buffers["dV"])
+        if plan.cast_dq:
+            plan.bwd(
+                q,
+                k,
+                v,
+                do,
+                lse,
+                delta,
+                buffers["dQ accumulator"],
+                buffers["dK"],
+                buffers["dV"],
+                buffers["counts"],
+                buffers["dQ"],
+            )
+        else:
+            plan.bwd(q, k, v, do, lse, delta, buffers["dQ"], buffers["dK"], buffers["dV"])
 
     launch()
-    return buffers, launch
+    return buffers, launch, plan.cast_dq
 
 
 @requires_cuda
@@ -307,12 +336,17 @@ def test_preprocess_zeroes_the_atomic_targets(layout):
     o, lse = run_forward(*tensors, False, None, layout, scale)
     plan = call_plan(q, k, False, None, layout, scale, "atomic", "atomic")
     nan = float("nan")
-    buffers = {"dQ": torch.full(plan.dq_accum_shape, nan, device="cuda")}
+    # A bwd kernel that casts dQ itself keeps its accumulator zeroed: the preprocess takes none.
+    buffers = {} if plan.cast_dq else {"dQ": torch.full(plan.dq_accum_shape, nan, device="cuda")}
     for label, (shape, dtype) in (("dK", plan.dk_buffer), ("dV", plan.dv_buffer)):
         buffers[label] = torch.full(shape, nan, dtype=dtype, device="cuda")
     plan.preprocess(o, do, torch.full_like(lse, nan), *buffers.values())
     # One query head per KV head: dK/dV are written directly, not zeroed.
-    targets = ["dQ", "dK", "dV"] if heads != kv_heads else ["dQ"]
+    targets = [
+        label
+        for label in ("dQ", "dK", "dV")
+        if label in buffers and (heads != kv_heads or label == "dQ")
+    ]
     for label in targets:
         left = (buffers[label] != 0).sum().item()
         assert left == 0, f"{label}: {left} of {buffers[label].numel()} elements not zeroed"
@@ -324,16 +358,19 @@ def test_preprocess_zeroes_the_atomic_targets(layout):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_atomics_accumulate(dtype, causal, window, layout):
     """The main backward run twice on the same fp32 buffers (zeroed by the preprocess) must give
-    twice the first run."""
+    twice the first run. A bwd kernel that casts dQ itself must leave its accumulator and counts
+    at zero after each run, and write the same dQ twice."""
     shape = ATOMIC_SHAPE
     inputs, do = make_inputs(*shape, dtype, layout)
     grouped = shape[1] != shape[2]
     dk_reduction = DK_REDUCTION if grouped else "direct"
     dv_reduction = DV_REDUCTION if grouped else "direct"
-    buffers, launch = run_main_backward(
+    buffers, launch, casts_dq = run_main_backward(
         inputs, do, causal, window, layout, dk_reduction, dv_reduction
     )
-    atomic = {"dQ": buffers["dQ"]}
+    if casts_dq:
+        check_cast_dq(buffers, launch)
+    atomic = {} if casts_dq else {"dQ": buffers["dQ"]}
     atomic.update(
         {
             label: buffers[label]
@@ -353,6 +390,24 @@ def test_atomics_accumulate(dtype, causal, window, layout):
         assert torch.allclose(
             twice, 2 * once[label], rtol=1e-5, atol=1e-5
         ), f"{label} atomics do not accumulate: max |twice - 2*once| = {err:.3g}"
+
+
+def check_cast_dq(buffers, launch):
+    """A bwd kernel that casts dQ itself: its accumulator and counts at zero after a run, every
+    dQ element written (none left NaN), and the same dQ (to fp32 atomics' order) from a second
+    run on the buffers the first left."""
+    first = buffers["dQ"].clone()
+    for run in ("first", "second"):
+        for label in ("dQ accumulator", "counts"):
+            left = (buffers[label] != 0).sum().item()
+            assert (
+                left == 0
+            ), f"{run} run: {left} of {buffers[label].numel()} elements of the {label} left nonzero"
+        assert not buffers["dQ"].isnan().any(), f"{run} run: dQ has rows no block cast"
+        if run == "first":
+            buffers["dQ"].fill_(float("nan"))
+            launch()
+    torch.testing.assert_close(buffers["dQ"], first, rtol=1e-2, atol=1e-3)
 
 
 @requires_cuda
