@@ -35,26 +35,26 @@
 # backward with its dw sums in registers, 1.04-1.10x, on branch rmsnorm-dw-registers); session 48
 # an H100 (runs 209-215: rmsnorm's registers backward tested, re-tuned and merged, 95.5-96.5% of
 # the copy; the vectorized dQ postprocess and the wide dsinks kernel A/B'd, tested and merged; the
-# benches as merged; the windowed backwards' stalls; the gpt-oss backward kernel by kernel). Left,
-# in order:
-#   1. Branch bwd-cast-dq (compile-checked, CPU suite green, never run on a GPU): the bwd tiling
-#      key cast_dq_in_bwd: each block counts itself into an int32 count per query block once its
-#      dQ adds there are done, the block that completes a count casts that query block into dQ and
-#      zeroes its accumulator rows and count; the accumulator and counts are kept zeroed between
-#      calls (one pair per device and stream), so the preprocess zeroes no dQ and no postprocess
-#      casts it. At the gpt-oss shape the pre- and postprocess are 33% of the backward (run 215:
-#      pre 46.5 us, half of it the zeroing, post 35.8, main 161). On the branch:
-#      `git checkout bwd-cast-dq`, then copies with the key on every bwd tiling:
+# benches as merged; the windowed backwards' stalls; the gpt-oss backward kernel by kernel); session
+# 49 rebuilt session 48's bwd-cast-dq branch (lost with its checkout) and landed it on main, off
+# by default, and got no device start in an hour of tries. Left, in order:
+#   1. cast_dq_in_bwd (on main, off by default; tests/specs/attention_tuned.toml turns it on at
+#      D64 full with bulk_dq and D128 causal with atomics; never run on a GPU): the bwd tiling
+#      key that has the bwd kernel cast dQ itself (each block counts its dQ adds per query block,
+#      the block completing a count casts those rows and zeroes them and the count; accumulator
+#      and counts kept zeroed per device and stream, so the preprocess zeroes no dQ and no
+#      postprocess casts it). At the gpt-oss shape the pre- and postprocess are 33% of the
+#      backward (run 215: pre 46.5 us, half of it the zeroing, post 35.8, main 161). First the
+#      test package and copies with the key on every bwd tiling:
 #      `SPEC_EDIT='s/^\(bwd = .*\) }$/\1, cast_dq_in_bwd = true }/;s/^\[tiling.bwd\]\(.*\)$/[tiling.bwd]\1\ncast_dq_in_bwd = true/'
 #      bash docs/profiling/render_copies.sh - cd attention gqa attention_sink`; one call: `bash
-#      docs/profiling/next_gpu_run.sh tests attention_cd gqa_cd attention_sink_cd attention_tuned`
-#      (attention_tuned runs it at D64 full with bulk_dq and D128 causal), then `MASK=all bash
+#      docs/profiling/next_gpu_run.sh tests attention_tuned attention_sink_cd gqa_cd`, and each
+#      backward's kernels against the package's in one process: `SUFFIX=_cd timeout 200 python
+#      docs/profiling/bwd_phase_times.py` (ONLY=gpt-oss for one case); then `MASK=all bash
 #      docs/profiling/rows_ab.sh attention attention_cd gqa gqa_cd attention_sink
-#      attention_sink_cd` and each backward's kernels against the package's in one process:
-#      `SUFFIX=_cd timeout 200 python docs/profiling/bwd_phase_times.py` (the count's cost
-#      is the bwd kernel's time against the package's). If right and faster, turn it on per tuned entry (or add it to the tune
-#      space, attention_tune.PHASE_SPACE) and merge; if a count's fence or atomic costs more than
-#      the postprocess saves at the big shapes, keep it where it wins (the windowed entries).
+#      attention_sink_cd` (through the public call). If right and faster, turn it on per tuned
+#      entry (or add it to attention_tune.PHASE_SPACE's bwd keys); where a count's fence or
+#      atomic costs more than the passes it saves, leave it off there.
 #   2. The dsinks kernel folded into the preprocess (each block's partial sums of its rows, the
 #      last block to finish sums them in a fixed order, as rmsnorm's dw): one launch less a
 #      backward (4.9 us at the gpt-oss shape, run 215).
