@@ -37,7 +37,8 @@
 # the copy; the vectorized dQ postprocess and the wide dsinks kernel A/B'd, tested and merged; the
 # benches as merged; the windowed backwards' stalls; the gpt-oss backward kernel by kernel); session
 # 49 rebuilt session 48's bwd-cast-dq branch (lost with its checkout) and landed it on main, off
-# by default, and got no device start in an hour of tries. Left, in order:
+# by default; no device started for it in 90 minutes of tries (the failed starts spent its 1800 s
+# of device time). Left, in order:
 #   1. cast_dq_in_bwd (on main, off by default; tests/specs/attention_tuned.toml turns it on at
 #      D64 full with bulk_dq and D128 causal with atomics; never run on a GPU): the bwd tiling
 #      key that has the bwd kernel cast dQ itself (each block counts its dQ adds per query block,
