@@ -329,9 +329,10 @@ def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduc
 @requires_cuda
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_preprocess_zeroes_the_atomic_targets(layout):
-    """The preprocess zeroes every element of the fp32 dQ accumulator, its padding rows past
-    seq_len included, and of atomic dK/dV buffers (ATOMIC_SHAPE's heads): no fill launch runs
-    before the bwd kernel's atomics. seq_len 77: a multiple of neither 8 nor any block."""
+    """The preprocess writes Delta's rows and zeroes every element of the fp32 dQ accumulator (but
+    beside a bwd kernel that casts dQ itself, whose accumulator stays zeroed), its padding rows
+    past seq_len included, and of atomic dK/dV buffers (ATOMIC_SHAPE's heads): no fill launch
+    runs before the bwd kernel's atomics. seq_len 77: a multiple of neither 8 nor any block."""
     batch, heads, kv_heads, _, head_dim = ATOMIC_SHAPE
     inputs, do = make_inputs(batch, heads, kv_heads, 77, head_dim, DTYPES[0], layout)
     tensors = [t.detach() for t in inputs.values()]
@@ -344,7 +345,9 @@ def test_preprocess_zeroes_the_atomic_targets(layout):
     buffers = {} if plan.cast_dq else {"dQ": torch.full(plan.dq_accum_shape, nan, device="cuda")}
     for label, (shape, dtype) in (("dK", plan.dk_buffer), ("dV", plan.dv_buffer)):
         buffers[label] = torch.full(shape, nan, dtype=dtype, device="cuda")
-    plan.preprocess(o, do, torch.full_like(lse, nan), *buffers.values())
+    delta = torch.full_like(lse, nan)
+    plan.preprocess(o, do, delta, *buffers.values())
+    assert not delta[..., :77].isnan().any(), "the preprocess left rows of Delta unwritten"
     # One query head per KV head: dK/dV are written directly, not zeroed.
     targets = [
         label
@@ -372,8 +375,6 @@ def test_atomics_accumulate(dtype, causal, window, layout):
     buffers, launch, casts_dq = run_main_backward(
         inputs, do, causal, window, layout, dk_reduction, dv_reduction
     )
-    if casts_dq:
-        check_cast_dq(buffers, launch)
     atomic = {} if casts_dq else {"dQ": buffers["dQ"]}
     atomic.update(
         {
@@ -383,7 +384,10 @@ def test_atomics_accumulate(dtype, causal, window, layout):
         }
     )
     once = {label: b.clone() for label, b in atomic.items()}
-    launch()
+    if casts_dq:
+        check_cast_dq(buffers, launch)  # runs the second launch
+    else:
+        launch()
     for label, buffer in once.items():
         assert torch.isfinite(buffer).all(), f"{label}: the preprocess left unzeroed (NaN) elements"
     for label, twice in atomic.items():
