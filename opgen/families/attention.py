@@ -15,10 +15,10 @@ from typing import Annotated, Any, Callable, Iterator, Literal
 from pydantic import AfterValidator, Field, StrictBool
 
 from opgen.families import attention_launch
-from opgen.families.attention_launch import (DQ_TILE, has_paired_forward, heads_per_block,
-                                              launch_grid, padded_rows, paired_tiling,
-                                              pairs_query_blocks, postprocess_tiling,
-                                              preprocess_tiling, has_postprocess, tuned_tiling,
+from opgen.families.attention_launch import (DQ_TILE, has_paired_forward, has_postprocess,
+                                              heads_per_block, launch_grid, padded_rows,
+                                              paired_tiling, pairs_query_blocks,
+                                              postprocess_tiling, preprocess_tiling, tuned_tiling,
                                               walks_heads)
 from opgen.families.contract import Family
 from opgen.plan import (DTYPE_BYTES, CompileJob, FlopsBenchCase, GradPlan, PlanBase, SourceInfo,
