@@ -6,12 +6,14 @@ kernel's one store per head comes from one thread."""
 
 from __future__ import annotations
 
+import importlib
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import import_generated
+from conftest import REPO_ROOT, import_generated
 
 pytestmark = [pytest.mark.compile, pytest.mark.xdist_group("attention_lowered")]
 
@@ -498,3 +500,64 @@ def test_cast_dq_in_bwd_counts_each_step_after_its_adds_and_casts_in_the_complet
     post = lower(gqa.gqa_bwd_postprocess, (32, 8, 128, "bshd", "bfloat16", 0.125, "split", "split"),
                  {**TILING["postprocess"], "finish_dq": False})
     assert "dQ" not in post and "dK_out" in post
+
+
+@pytest.fixture(scope="module")
+def dsinks_preprocess(tmp_path_factory):
+    """The CUDA source of the preprocess of attention_sink's spec with [tiling.dsinks]
+    in_preprocess = true (rendered under another name, so as not to shadow the committed package)."""
+    from opgen.render import generate
+
+    root = tmp_path_factory.mktemp("dsinks_preprocess")
+    text = (REPO_ROOT / "specs/attention_sink.toml").read_text()
+    text = text.replace('name = "attention_sink"', 'name = "sink_sums"')
+    text = re.sub(r"^\[tiling\.dsinks\].*$", "[tiling.dsinks]\nin_preprocess = true", text, flags=re.M)
+    spec = root / "sink_sums.toml"
+    spec.write_text(text)
+    files = generate(spec).files
+    assert "dsinks" not in generate(spec).plan.kernels  # no kernel of its own
+    package = root / "sink_sums"
+    package.mkdir()
+    for name, data in files.items():
+        (package / name).write_text(data)
+    sys.path.insert(0, str(root))
+    try:
+        kernels = importlib.import_module("sink_sums.kernels")
+        return cuda_source(kernels.sink_sums_bwd_preprocess,
+                           (32, 8, 64, "bshd", "bfloat16", "direct", "direct"), TILING["preprocess"])
+    finally:
+        sys.path.remove(str(root))
+
+
+def test_preprocess_sums_dsinks_and_the_last_block_adds_the_partials(dsinks_preprocess, tmp_path):
+    """With dsinks summed in the preprocess: each block stores its rows' partial, fences it,
+    and one thread counts the block done in its head's count; the block that completes the count
+    (batch x ceildiv(seq_len, 32) blocks a head) fences again, adds every partial of the head,
+    stores dsinks and resets the count; no atomic adds into dsinks (a fixed order). nvcc
+    compiles it for sm_90a without spills."""
+    import subprocess
+
+    import tilelang
+
+    source = dsinks_preprocess[dsinks_preprocess.index("__launch_bounds__"):]
+    stored = re.search(r"Partials\[.*\] = partial\[0\];", source)
+    counted = source.index("AtomicAddRet((&(Done[((int)blockIdx.y)])), 1)")
+    assert stored and stored.end() < source.index("__threadfence();", stored.end()) < counted, source
+    assert re.search(r"if \(\(\(int\)threadIdx\.x\) == 0\) \{\s*int done = AtomicAddRet", source), source
+    assert "(done == ((batch * ((seq_len + 31) >> 5)) - 1))" in source, source
+    tail = source[source.index("if (((int*)last)[0] == 1) {\n    __threadfence();", counted):]
+    added = tail.index("sums[0] = (sums[0] + condval")
+    assert tail.index("dSinks[((int)blockIdx.y)] = total[0];") > added, tail
+    assert "AtomicStore((&(Done[((int)blockIdx.y)])), 0" in tail, tail
+    assert "AtomicAdd(" not in source, source
+
+    (tmp_path / "pre.cu").write_text(dsinks_preprocess)
+    root = Path(tilelang.__file__).parent
+    result = subprocess.run(
+        ["nvcc", "-gencode", "arch=compute_90a,code=sm_90a", "-cubin", "-o", str(tmp_path / "pre.cubin"),
+         "--ptxas-options=--verbose", "-std=c++17", "-DNDEBUG", "--use_fast_math",
+         f"-I{root / 'src'}", f"-I{root / '3rdparty' / 'cutlass' / 'include'}", str(tmp_path / "pre.cu")],
+        capture_output=True, text=True)
+    notes = result.stdout + result.stderr
+    assert result.returncode == 0, notes[-3000:]
+    assert " 0 bytes spill stores" in notes, notes

@@ -168,11 +168,12 @@ def check_against_reference(inputs, do, dtype, causal, window, layout):
     assert_close("dV", got["v"], ref["v"], dtype)
     assert_close("dK", got["k"], ref["k"], dtype)
     assert_close("dQ", got["q"], ref["q"], dtype)
-    # The dQ accumulators a bwd kernel that casts dQ itself keeps between calls: left zeroed.
-    for accumulator, counts in ZEROED.values():
-        assert (
-            not accumulator.any() and not counts.any()
-        ), "a backward left its dQ accumulator or counts nonzero"
+    # The buffers kept zeroed between calls (a bwd kernel that casts dQ itself: its accumulator
+    # and counts): left so.
+    for (_, _, use), buffers in ZEROED.items():
+        assert not any(
+            buffer.any() for buffer in buffers
+        ), f"a backward left its zeroed {use} buffers nonzero"
 
 
 @requires_cuda
@@ -322,6 +323,16 @@ def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduc
     return buffers, launch, plan.cast_dq
 
 
+def preprocess_targets(plan):
+    """The preprocess's fp32 dQ accumulator (none beside a bwd kernel that casts dQ itself, whose
+    accumulator is kept zeroed) and dK/dV buffers, filled with NaN."""
+    nan = float("nan")
+    buffers = {} if plan.cast_dq else {"dQ": torch.full(plan.dq_accum_shape, nan, device="cuda")}
+    for label, (shape, dtype) in (("dK", plan.dk_buffer), ("dV", plan.dv_buffer)):
+        buffers[label] = torch.full(shape, nan, dtype=dtype, device="cuda")
+    return buffers
+
+
 @requires_cuda
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_preprocess_zeroes_the_atomic_targets(layout):
@@ -336,12 +347,8 @@ def test_preprocess_zeroes_the_atomic_targets(layout):
     scale = default_softmax_scale(head_dim)
     o, lse = run_forward(*tensors, False, None, layout, scale)
     plan = call_plan(q, k, False, None, layout, scale, "atomic", "atomic")
-    nan = float("nan")
-    # A bwd kernel that casts dQ itself keeps its accumulator zeroed: the preprocess takes none.
-    buffers = {} if plan.cast_dq else {"dQ": torch.full(plan.dq_accum_shape, nan, device="cuda")}
-    for label, (shape, dtype) in (("dK", plan.dk_buffer), ("dV", plan.dv_buffer)):
-        buffers[label] = torch.full(shape, nan, dtype=dtype, device="cuda")
-    delta = torch.full_like(lse, nan)
+    buffers = preprocess_targets(plan)
+    delta = torch.full_like(lse, float("nan"))
     plan.preprocess(o, do, delta, *buffers.values())
     assert not delta[..., :77].isnan().any(), "the preprocess left rows of Delta unwritten"
     # One query head per KV head: dK/dV are written directly, not zeroed.

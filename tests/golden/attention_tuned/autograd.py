@@ -364,32 +364,27 @@ def launcher(call):
     return kernel(factory, *args, **tiling)
 
 
-# The dQ accumulator and its int32 counts of the bwd kernels that cast dQ themselves
-# (cast_dq_in_bwd), per (device, stream): zero on entry to every such launch and left at zero by
-# it, so zeroed once here. One pair per stream: launches on one stream run one after another, and
-# two streams never share one. Grown to the largest call's (a call views their first elements); a
-# replaced pair is freed in stream order, after the launches that use it.
+# Buffers that kernels find at zero on entry and leave at zero, per (device, stream, use), so
+# zeroed once here: the dQ accumulator and its int32 counts of the bwd kernels that cast dQ
+# themselves (cast_dq_in_bwd; use "dq"). One set per stream: launches on one stream run one
+# after another, and two streams never share one. Grown to the largest call's (a call views
+# their first elements); a replaced set is freed in stream order, after the launches that use it.
 ZEROED = {}
 
 
-def zeroed_buffers(device_index, accum_shape, counts_shape):
-    """(fp32 dQ accumulator, int32 counts) of the current stream, viewed at the given shapes."""
-    key = (device_index, torch._C._cuda_getCurrentStream(device_index)[0])
-    accum_size, counts_size = math.prod(accum_shape), math.prod(counts_shape)
+def zeroed_buffers(device_index, use, shapes, dtypes):
+    """The current stream's zeroed buffers of `use`, viewed at shapes, of dtypes."""
+    key = (device_index, torch._C._cuda_getCurrentStream(device_index)[0], use)
+    sizes = [math.prod(shape) for shape in shapes]
     found = ZEROED.get(key)
-    if found is None or found[0].numel() < accum_size or found[1].numel() < counts_size:
+    if found is None or any(buffer.numel() < size for buffer, size in zip(found, sizes)):
         device = torch.device("cuda", device_index)
-        found = ZEROED[key] = (
-            torch.zeros(
-                max(accum_size, found[0].numel() if found else 0),
-                dtype=torch.float32,
-                device=device,
-            ),
-            torch.zeros(
-                max(counts_size, found[1].numel() if found else 0), dtype=torch.int32, device=device
-            ),
+        held = [0] * len(sizes) if found is None else [buffer.numel() for buffer in found]
+        found = ZEROED[key] = tuple(
+            torch.zeros(max(size, had), dtype=dtype, device=device)
+            for size, had, dtype in zip(sizes, held, dtypes)
         )
-    return found[0][:accum_size].view(accum_shape), found[1][:counts_size].view(counts_shape)
+    return tuple(buffer[:size].view(shape) for buffer, size, shape in zip(found, sizes, shapes))
 
 
 class CallPlan:
@@ -551,7 +546,12 @@ def run_backward(
     dv_buffer = q.new_empty(dv_shape, dtype=dv_dtype)
     dq = q.new_empty(q.shape)  # dense, as o
     if plan.cast_dq:
-        dq_accum, adds = zeroed_buffers(q.get_device(), plan.dq_accum_shape, plan.lse_shape)
+        dq_accum, adds = zeroed_buffers(
+            q.get_device(),
+            "dq",
+            (plan.dq_accum_shape, plan.lse_shape),
+            (torch.float32, torch.int32),
+        )
         plan.preprocess(o, do, delta, dk_buffer, dv_buffer)
         plan.bwd(q, k, v, do, lse, delta, dq_accum, dk_buffer, dv_buffer, adds, dq)
         dq_args = ()
