@@ -54,7 +54,7 @@ def test_tuned_table_parses_and_plans():
         (128, True, 0): {"block_m": 64, "block_n": 32, "threads": 128, "num_stages": 2,
                          "blocks_per_sm": 2},
     }
-    assert list(plan.tuned["bwd"]) == [(64, False, 0), (128, True, 0)]
+    assert list(plan.tuned["bwd"]) == [(64, False, 0)]
     assert plan.tiling_for("fwd", 128, False) == plan.kernels["fwd"].tiling
     assert plan.tiling_for("bwd", 64, False)["block_m"] == 64
     # The compile check builds every variant with the tiling it launches with.
@@ -91,19 +91,11 @@ def test_variant_calls_pick_the_tuned_tiling(tmp_path, monkeypatch):
         assert calls(64, False)["bwd"][2]["block_m"] == 64
         assert calls(64, True)["fwd"][2] is autograd.FWD_TILING
         assert calls(128, True)["fwd"][2]["block_n"] == 32
-        assert calls(64, True)["bwd"][2] is autograd.BWD_TILING
-        assert calls(128, True)["bwd"][2] == {**autograd.BWD_TILING, "cast_dq_in_bwd": True}
-        # The pre- and postprocess follow the bwd kernel's dQ: read in its layout (bulk_dq), or
-        # cast by it (cast_dq_in_bwd: no dQ zeroed, and with dK/dV written, no postprocess).
-        assert calls(64, True)["preprocess"][2] is autograd.PREPROCESS_TILING
-        assert calls(64, True)["postprocess"][2] is autograd.POSTPROCESS_TILING
+        assert calls(128, True)["bwd"][2] is autograd.BWD_TILING
+        # The postprocess reads dQ in the layout of the bwd kernel that wrote it.
         assert calls(64, False)["bwd"][2]["bulk_dq"] is True
-        assert calls(64, False)["preprocess"][2] == {**autograd.PREPROCESS_TILING, "zero_dq": False}
-        assert "postprocess" not in calls(64, False) and "postprocess" not in calls(128, True)
-        assert autograd.postprocess_tiling(autograd.POSTPROCESS_TILING, {"bulk_dq": True}) == {
-            **autograd.POSTPROCESS_TILING, "bulk_dq": True}
-        split = autograd.variant_calls(4, 2, 64, False, 0, "bshd", "float16", 0.1, "split", "split")
-        assert split["postprocess"][2] == {**autograd.POSTPROCESS_TILING, "finish_dq": False}
+        assert calls(64, False)["postprocess"][2] == {**autograd.POSTPROCESS_TILING, "bulk_dq": True}
+        assert calls(128, True)["postprocess"][2] is autograd.POSTPROCESS_TILING
     finally:
         for name in [m for m in sys.modules if m.startswith("attention_tuned")]:
             del sys.modules[name]

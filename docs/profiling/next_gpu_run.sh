@@ -38,32 +38,24 @@
 # benches as merged; the windowed backwards' stalls; the gpt-oss backward kernel by kernel); session
 # 49 rebuilt session 48's bwd-cast-dq branch (lost with its checkout) and landed it on main, off
 # by default; no device started for it in 90 minutes of tries (the failed starts spent its 1800 s
-# of device time). Left, in order:
-#   1. cast_dq_in_bwd (on main, off by default; tests/specs/attention_tuned.toml turns it on at
-#      D64 full with bulk_dq and D128 causal with atomics; never run on a GPU): the bwd tiling
-#      key that has the bwd kernel cast dQ itself (each block counts its dQ adds per query block,
-#      the block completing a count casts those rows and zeroes them and the count; accumulator
-#      and counts kept zeroed per device and stream, so the preprocess zeroes no dQ and no
-#      postprocess casts it). At the gpt-oss shape the pre- and postprocess are 33% of the
-#      backward (run 215: pre 46.5 us, half of it the zeroing, post 35.8, main 161). First the
-#      test package and copies with the key on every bwd tiling:
-#      `SPEC_EDIT='s/^\(bwd = .*\) }$/\1, cast_dq_in_bwd = true }/;s/^\[tiling.bwd\]\(.*\)$/[tiling.bwd]\1\ncast_dq_in_bwd = true/'
-#      bash docs/profiling/render_copies.sh - cd attention gqa attention_sink`; one call: `bash
-#      docs/profiling/next_gpu_run.sh tests attention_tuned attention_sink_cd gqa_cd`, and each
-#      backward's kernels against the package's in one process: `SUFFIX=_cd timeout 200 python
-#      docs/profiling/bwd_phase_times.py` (ONLY=gpt-oss for one case); then `MASK=all bash
-#      docs/profiling/rows_ab.sh attention attention_cd gqa gqa_cd attention_sink
-#      attention_sink_cd` (through the public call). If right and faster, turn it on per tuned
-#      entry (or add it to attention_tune.PHASE_SPACE's bwd keys); where a count's fence or
-#      atomic costs more than the passes it saves, leave it off there.
-#   2. The dsinks kernel folded into the preprocess (each block's partial sums of its rows, the
-#      last block to finish sums them in a fixed order, as rmsnorm's dw): one launch less a
-#      backward (4.9 us at the gpt-oss shape, run 215).
-#   3. The attention backward's main kernel: 0.85x cuDNN's at MHA D128 full (run 205); the
-#      windowed ones stall on a GEMM descriptor's UMOV and on GEMM waits (runs 213-214).
-#   4. The attention forwards short of 0.95x cuDNN on the H100 (run 212: D128 full 0.94x).
-#   5. matmul 8192^3 backward (0.94x cuBLAS on the H100, run 206).
-#   6. Every generated test on the H200 (the acceptance's machine; runs 209-213 were on an H100).
+# of device time); session 50 an H100 after ~30 minutes of failed starts (runs 216-219:
+# cast_dq_in_bwd right and 1.1-2.2x slower in both designs, counting each step and counting once
+# after the walk, so removed; dsinks summed in the preprocess right and no faster on the GPU,
+# kept off by default behind [tiling.dsinks] in_preprocess). Left, in order:
+#   1. dsinks in the preprocess: one launch less a backward at the same GPU time (run 218: the
+#      preprocess 46.8 -> 52.3 us against the dsinks kernel's 5.0 at the gpt-oss shape). Measure
+#      the host time of a tiny-shape backward with it on and off (attention_host_ladder.py on
+#      copies: `SPEC_EDIT='s/^\[tiling.dsinks\]\(.*\)$/[tiling.dsinks]\1\nin_preprocess = true/'
+#      bash docs/profiling/render_copies.sh - sp attention_sink`); turn it on in
+#      specs/attention_sink.toml if it saves host time, and try a wider preprocess block (fewer
+#      blocks, each one fence and count) for its GPU time.
+#   2. The attention backward's main kernel: 0.85x cuDNN's at MHA D128 full (run 205; 2792 vs
+#      2368 us in run 219, the pre- and postprocess the same as cuDNN's); the windowed ones stall
+#      on a GEMM descriptor's UMOV and on GEMM waits (runs 213-214). The fp32 dQ passes are not
+#      the gap: moving the cast into the bwd kernel spends its SMs on memory-bound work (run 219).
+#   3. The attention forwards short of 0.95x cuDNN on the H100 (run 212: D128 full 0.94x).
+#   4. matmul 8192^3 backward (0.94x cuBLAS on the H100, run 206).
+#   5. Every generated test on the H200 (the acceptance's machine; runs 209-219 were on an H100).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift

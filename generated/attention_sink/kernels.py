@@ -229,23 +229,6 @@ def _needs_mask(seq_len, causal, window, check_queries=True):
     return needs
 
 
-def dq_adders(seq_len, causal, window, block_m, block_n):
-    """adders(k): how many blocks of the bwd kernel add into query block k's dQ rows (of one query
-    head): the KV blocks whose walk (loop_start .. loop_end there) includes k. Causal: those up to
-    the one holding the block's last query; with a window, from the first whose last key
-    (by + 1) * block_m - 1 is within the window of the block's first query, k * block_n."""
-    kv_blocks = T.ceildiv(seq_len, block_m)
-
-    def adders(k):
-        last = T.min(((k + 1) * block_n - 1) // block_m, kv_blocks - 1) if causal else kv_blocks - 1
-        # ceil((k * block_n - window + 2) / block_m) - 1, by floor division (its numerator may be
-        # negative: query blocks near the start, which every block from the first sees).
-        first = T.max((k * block_n - window + 1 + block_m) // block_m - 1, 0) if window else 0
-        return last - first + 1
-
-    return adders
-
-
 # Causal forward grids of at most this many query blocks pair them (pairs_query_blocks).
 PAIRED_MAX_QUERY_BLOCKS = 16
 
@@ -320,31 +303,10 @@ def padded_rows(seq_len):
     return (seq_len + DQ_TILE - 1) // DQ_TILE * DQ_TILE
 
 
-# dK/dV reductions whose bwd kernel writes the gradients themselves, in the input dtype: nothing
-# for the preprocess to zero or the postprocess to finish.
-WRITTEN_BY_BWD = ("direct", "in_block")
-
-
-def preprocess_tiling(tiling, bwd_tiling):
-    """The preprocess's tiling beside a bwd tiling: with cast_dq_in_bwd, whose accumulator is kept
-    zeroed between calls, it zeroes no dQ (zero_dq=False)."""
-    return {**tiling, "zero_dq": False} if bwd_tiling.get("cast_dq_in_bwd", False) else tiling
-
-
-def postprocess_tiling(tiling, bwd_tiling):
-    """The postprocess's tiling beside a bwd tiling: it reads dQ in the bwd kernel's layout (with
-    bulk_dq, its tiles), or, where the bwd kernel casts dQ itself (cast_dq_in_bwd), reads none
-    and finishes only dK/dV (finish_dq=False)."""
-    if bwd_tiling.get("cast_dq_in_bwd", False):
-        return {**tiling, "finish_dq": False}
-    return {**tiling, "bulk_dq": True} if bwd_tiling.get("bulk_dq", False) else tiling
-
-
-def has_postprocess(bwd_tiling, dk_reduction, dv_reduction):
-    """Whether a backward launches the postprocess: to cast dQ, unless the bwd kernel does
-    (cast_dq_in_bwd), or to finish dK/dV that the bwd kernel leaves in fp32 buffers."""
-    written = dk_reduction in WRITTEN_BY_BWD and dv_reduction in WRITTEN_BY_BWD
-    return not (bwd_tiling.get("cast_dq_in_bwd", False) and written)
+def postprocess_tiling(tiling, bulk_dq):
+    """The postprocess's tiling for dQ written by a bwd kernel with (or without) bulk_dq: the
+    accumulator's layout is the bwd kernel's, so the postprocess reads it the same way."""
+    return {**tiling, "bulk_dq": True} if bulk_dq else tiling
 
 
 def launch_grid(causal, blocks, head_blocks):
@@ -366,6 +328,11 @@ def launch_grid(causal, blocks, head_blocks):
 def launch_block(causal, launch_x, launch_y):
     """(block, head or KV head) of the block at grid index (launch_x, launch_y) of launch_grid."""
     return (launch_y, launch_x) if causal else (launch_x, launch_y)
+
+
+# dK/dV reductions whose bwd kernel writes the gradients themselves, in the input dtype: nothing
+# for the preprocess to zero or the postprocess to finish.
+WRITTEN_BY_BWD = ("direct", "in_block")
 
 
 def dkv_buffer(layout, reduction, batch, heads, kv_heads, seq_len, dim, dtype):
@@ -421,64 +388,6 @@ def _bwd_layouts(layout, dQ, dq_staged, bulk_dq):
     if bulk_dq:
         layouts[dq_staged] = T.Layout(dq_staged.shape, lambda i, j: [i, _swizzled(i, j)])
     return layouts
-
-
-def _dq_caster(layout, dim, dtype, softmax_scale, bulk_dq, rows, threads, zero=False):
-    """A macro cast(dQ, dQ_out, row0, h, b, seq_len) that casts rows [row0, row0 + rows) of query
-    head h of the fp32 dQ accumulator (in the bwd kernel's layout: bulk_dq's or the atomics') into
-    dQ_out, times softmax_scale (dS leaves it out), with `threads` threads. zero: each element is
-    set back to zero once read, leaving the accumulator zeroed for the next call. Rows past
-    seq_len are neither read nor written: nothing adds into them.
-    Element loops, not tile copies: a copy between two global buffers over the symbolic padded
-    rows costs TileLang's layout inference several seconds of build per kernel."""
-    _, elem, index = _indexers(layout)
-
-    @T.macro
-    def cast(dQ, dQ_out, row0, h, b, seq_len):
-        if bulk_dq:
-            for i, j in T.Parallel(rows, dim):
-                row = row0 + i
-                if row < seq_len:
-                    T.buffer_store(
-                        dQ_out,
-                        T.cast(elem(dQ, b, h, row, j) * softmax_scale, dtype),
-                        index(b, h, row, j),
-                    )
-                    if zero:
-                        T.buffer_store(dQ, T.cast(0, ACCUM), index(b, h, row, j))
-        else:
-            # The atomics' 8x8 fragment order keeps a row's 8 columns from c as two runs of 4
-            # floats (columns c, c+2, c+4, c+6, then c+1, ...): a thread loads both runs as two
-            # 16-byte vectors, puts the 8 in column order and stores them as one. Consecutive
-            # threads take the rows of an 8-row group, then the next 8 columns: a warp reads one
-            # contiguous 1 KB.
-            tx = T.get_thread_binding()
-            runs = T.alloc_local([8], ACCUM)  # column c + 2v + p at 4p + v
-            cols = T.alloc_local([8], ACCUM)  # column c + t at t
-            for it in T.unroll(T.ceildiv(rows * dim // 8, threads)):
-                item = it * threads + tx
-                row = row0 + item // (dim // 8 * 8) * 8 + item % 8
-                col = item // 8 % (dim // 8) * 8
-                if item < rows * dim // 8 and row < seq_len:
-                    for p in T.unroll(2):
-                        for v in T.vectorized(4):
-                            runs[4 * p + v] = elem(dQ, b, h, row, col + 2 * v + p)
-                    if zero:
-                        for p in T.unroll(2):
-                            for v in T.vectorized(4):
-                                T.buffer_store(
-                                    dQ, T.cast(0, ACCUM), index(b, h, row, col + 2 * v + p)
-                                )
-                    for t in T.unroll(8):
-                        cols[t] = runs[4 * (t % 2) + t // 2]
-                    for t in T.vectorized(8):
-                        T.buffer_store(
-                            dQ_out,
-                            T.cast(cols[t] * softmax_scale, dtype),
-                            index(b, h, row, col + t),
-                        )
-
-    return cast
 
 
 @T.macro
@@ -1169,9 +1078,9 @@ def attention_sink_fwd(
 
 @tilelang.jit
 def attention_sink_bwd_preprocess(
-    heads, kv_heads, dim, layout, dtype, dk_reduction, dv_reduction, block_m, threads, zero_dq=True
+    heads, kv_heads, dim, layout, dtype, dk_reduction, dv_reduction, block_m, threads
 ):
-    """Delta = rowsum(O * dO); zeroes the fp32 atomic targets of the bwd kernel (not dQ's where the bwd kernel casts dQ itself: cast_dq_in_bwd). Grid (ceildiv(seq_len, block_m), heads, batch).
+    """Delta = rowsum(O * dO); zeroes the fp32 atomic targets of the bwd kernel. Grid (ceildiv(seq_len, block_m), heads, batch).
 
     The bwd kernel adds into the fp32 dQ accumulator (and an atomic dK/dV buffer) with atomics,
     so they must start at zero: each block zeroes its rows of them here, which saves a fill
@@ -1180,8 +1089,6 @@ def attention_sink_bwd_preprocess(
     power of two >= 16, so the grid covers all padded_rows rows of dQ. Zeros are zeros in any
     order: the plain row order here covers the same elements as either layout the bwd kernel and
     the postprocess give dQ (every row of every head, each once).
-    zero_dq=False (a bwd kernel with cast_dq_in_bwd, whose accumulator is kept zeroed between
-    calls): no dQ argument, nothing of it zeroed.
     """
     batch, seq_len = runtime_dims()
     shape = _shape(layout, batch, heads, seq_len, dim)
@@ -1193,23 +1100,27 @@ def attention_sink_bwd_preprocess(
         layout, dv_reduction, batch, heads, kv_heads, seq_len, dim, dtype
     )
     rows, _, _ = _indexers(layout)
-    zeroes_any = zero_dq or "atomic" in (dk_reduction, dv_reduction)
 
     @T.macro
     def zero_if_atomic(buffer, reduction, zeros, bx, h, bz):
         if reduction == "atomic":
             T.copy(zeros, rows(buffer, bz, h, bx * block_m, block_m))
 
-    @T.macro
-    def body(O, dO, Delta, dQ, dK, dV):
+    @T.prim_func
+    def bwd_preprocess(
+        O: T.Tensor(shape, dtype),
+        dO: T.Tensor(shape, dtype),
+        Delta: T.Tensor([batch, heads, padded_dim()], ACCUM),
+        dQ: T.Tensor(dq_shape, ACCUM),
+        dK: T.Tensor(dk_shape, dk_dtype),
+        dV: T.Tensor(dv_shape, dv_dtype),
+    ):
         with T.Kernel(T.ceildiv(seq_len, block_m), heads, batch, threads=threads) as (bx, by, bz):
             o = T.alloc_fragment([block_m, dim], dtype)
             do = T.alloc_fragment([block_m, dim], dtype)
             acc = T.alloc_fragment([block_m, dim], ACCUM)
             delta = T.alloc_fragment([block_m], ACCUM)
-            # (A fragment that nothing reads has no layout for TileLang to infer: only allocated
-            # where something is zeroed.)
-            zeros = T.alloc_fragment([block_m, dim], ACCUM) if zeroes_any else None
+            zeros = T.alloc_fragment([block_m, dim], ACCUM)
             T.copy(rows(O, bz, by, bx * block_m, block_m), o)
             T.copy(rows(dO, bz, by, bx * block_m, block_m), do)
             for i, j in T.Parallel(block_m, dim):
@@ -1218,38 +1129,11 @@ def attention_sink_bwd_preprocess(
             # Element by element, unguarded, as the forward stores lse (TileLang guards the tail).
             for i in T.Parallel(block_m):
                 Delta[bz, by, bx * block_m + i] = delta[i]
-            if zeroes_any:
-                T.clear(zeros)
-            if zero_dq:
-                T.copy(zeros, rows(dQ, bz, by, bx * block_m, block_m))
+            T.clear(zeros)
+            T.copy(zeros, rows(dQ, bz, by, bx * block_m, block_m))
             if by < kv_heads:
                 zero_if_atomic(dK, dk_reduction, zeros, bx, by, bz)
                 zero_if_atomic(dV, dv_reduction, zeros, bx, by, bz)
-
-    if zero_dq:
-
-        @T.prim_func
-        def bwd_preprocess(
-            O: T.Tensor(shape, dtype),
-            dO: T.Tensor(shape, dtype),
-            Delta: T.Tensor([batch, heads, padded_dim()], ACCUM),
-            dQ: T.Tensor(dq_shape, ACCUM),
-            dK: T.Tensor(dk_shape, dk_dtype),
-            dV: T.Tensor(dv_shape, dv_dtype),
-        ):
-            body(O, dO, Delta, dQ, dK, dV)
-
-        return bwd_preprocess
-
-    @T.prim_func
-    def bwd_preprocess(
-        O: T.Tensor(shape, dtype),
-        dO: T.Tensor(shape, dtype),
-        Delta: T.Tensor([batch, heads, padded_dim()], ACCUM),
-        dK: T.Tensor(dk_shape, dk_dtype),
-        dV: T.Tensor(dv_shape, dv_dtype),
-    ):
-        body(O, dO, Delta, None, dK, dV)
 
     return bwd_preprocess
 
@@ -1282,9 +1166,8 @@ def attention_sink_bwd(
     blocks_per_sm=1,
     bulk_dq=False,
     descending=False,
-    cast_dq_in_bwd=False,
 ):
-    """dQ by fp32 atomics (bulk_dq: 16-row tiles staged in shared memory, added by bulk reduce-adds; cast_dq_in_bwd: the last block to add into a query block casts it and zeroes it again); dK, dV per query head, written, split or atomically added, or per KV head summed over its group in the block (in_block). Grid (ceildiv(seq_len, block_m), heads (kv_heads with in_block dK/dV), batch); causal: the first two swapped (heads fastest: the longest blocks launch first).
+    """dQ by fp32 atomics (bulk_dq: 16-row tiles staged in shared memory, added by bulk reduce-adds); dK, dV per query head, written, split or atomically added, or per KV head summed over its group in the block (in_block). Grid (ceildiv(seq_len, block_m), heads (kv_heads with in_block dK/dV), batch); causal: the first two swapped (heads fastest: the longest blocks launch first).
 
     One block per (query head, KV block): it walks the query blocks that see its keys. With
     in_block dK/dV, one block per (KV head, KV block) walks them for every query head of its
@@ -1301,14 +1184,6 @@ def attention_sink_bwd(
     of a head start at different query blocks (their diagonals) and all end at the last: walking
     down can keep the blocks that run together on the same q and dO tiles and dQ rows (in L2);
     the tuned tiling says where it does.
-    cast_dq_in_bwd: the kernel casts dQ itself, into dQ_out: each block counts, in Adds (int32,
-    [batch, heads, padded_rows], entry k for query block k), the query blocks whose dQ adds it
-    has done, and the block whose count completes query block k's (its `dq_adders`) casts those
-    rows and sets them, and the count, back to zero. The accumulator and the counts are zero on
-    entry and on exit, kept between calls by the caller: no zeroing in the preprocess and no dQ
-    postprocess. A count goes out one step after the adds it counts (thread 0: a barrier, a
-    fence, one returning atomic), and its result is read one step later still, so that no step
-    waits on a round trip to L2 (the last two go out after the walk).
     """
     batch, seq_len = runtime_dims()
     scale = softmax_scale * LOG2E
@@ -1332,8 +1207,6 @@ def attention_sink_bwd(
     needs_mask = _needs_mask(seq_len, causal, window)
     staged_dq_shape = [block_n, dim] if bulk_dq else [1]
     grid = launch_grid(causal, T.ceildiv(seq_len, block_m), kv_heads if in_block else heads)
-    cast_dq = _dq_caster(layout, dim, dtype, softmax_scale, bulk_dq, block_n, threads, zero=True)
-    adders = dq_adders(seq_len, causal, window, block_m, block_n)
 
     @T.macro
     def store_dkv(acc, staging, out, reduction, bx, by, bz):
@@ -1369,47 +1242,18 @@ def attention_sink_bwd(
                     )
                 T.tma_store_arrive()
 
-    def walk(bx, step, loop_start, loop_end):
-        """(query head, query block) of a block's step. in_block: every query head of the group at
-        query block k, then the next block: a fixed order, and dividing by the constant groups is
-        a shift."""
-        h = bx * groups + step % groups if in_block else bx
-        query_step = step // groups if in_block else step
-        return h, (loop_end - 1 - query_step if descending else loop_start + query_step)
-
-    @T.macro
-    def count_and_cast(
-        Adds, dQ, dQ_out, tx, bz, bx, loop_start, loop_end, noted, pending, tick, steps
+    @T.prim_func
+    def bwd(
+        Q: _input(q_shape, dtype, "q"),
+        K: _input(kv_shape, dtype, "k"),
+        V: _input(kv_shape, dtype, "v"),
+        dO: T.Tensor(q_shape, dtype),
+        lse: T.Tensor([batch, heads, padded_dim()], ACCUM),
+        Delta: T.Tensor([batch, heads, padded_dim()], ACCUM),
+        dQ: T.Tensor(dq_shape, ACCUM),
+        dK: T.Tensor(dk_shape, dk_dtype),
+        dV: T.Tensor(dv_shape, dv_dtype),
     ):
-        # Tick t (t = 0 .. steps + 1) counts step t - 1's adds (t >= 1, t <= steps) and casts what
-        # step t - 2 counted, if its count completed (t >= 2). Thread 0 notes the result of the
-        # last tick's count for every thread, in one of two slots (a slot is rewritten two ticks
-        # on, after every thread has read it).
-        slot = tick % 2
-        if tx == 0:
-            noted[slot] = pending[0]
-        # The block's adds of step t - 1 all issued (atomics) before thread 0 counts them.
-        T.sync_threads(6, threads)
-        if T.And(tick >= 1, tick <= steps):
-            h, k = walk(bx, tick - 1, loop_start, loop_end)
-            if tx == 0:
-                if bulk_dq:
-                    T.tma_store_wait(0, read=False)  # the bulk adds done, not only read
-                # The adds visible device-wide before the count that says they are done.
-                T.call_extern("handle", "__threadfence")
-                pending[0] = T.atomic_add(Adds[bz, h, k], 1, return_prev=True)
-        if tick >= 2:
-            h, k = walk(bx, tick - 2, loop_start, loop_end)
-            if noted[slot] == adders(k) - 1:
-                # Every other block's adds to these rows are done and visible (each fenced them
-                # before its count): plain vectorized loads read them from L2, where atomics add
-                # and where no L1 holds a line of them.
-                cast_dq(dQ, dQ_out, k * block_n, h, bz, seq_len)
-                if tx == 0:
-                    Adds[bz, h, k] = 0
-
-    @T.macro
-    def body(Q, K, V, dO, lse, Delta, dQ, dK, dV, Adds, dQ_out):
         with T.Kernel(grid[0], grid[1], batch, threads=threads) as (launch_x, launch_y, bz):
             by, bx = launch_block(causal, launch_x, launch_y)
             split_registers(threads, blocks_per_sm)
@@ -1432,8 +1276,6 @@ def attention_sink_bwd(
             # A name bound under `if` is gone after it: the stage is allocated either way (one
             # element where unused).
             dq_staged = T.alloc_shared(staged_dq_shape, ACCUM)
-            noted = T.alloc_shared([2], "int32")
-            pending = T.alloc_local([1], "int32")
             T.annotate_layout(_bwd_layouts(layout, dQ, dq_staged, bulk_dq))
             tx = T.get_thread_binding()
             kv_head = bx if in_block else bx // groups
@@ -1451,11 +1293,12 @@ def attention_sink_bwd(
                 else n_blocks
             )
             span = loop_end - loop_start
-            steps = span * groups if in_block else span
-            if cast_dq_in_bwd:
-                pending[0] = -1
-            for step in T.Pipelined(steps, num_stages=num_stages):
-                h, k = walk(bx, step, loop_start, loop_end)
+            for step in T.Pipelined(span * groups if in_block else span, num_stages=num_stages):
+                # in_block: every query head of the group at query block k, then the next block:
+                # a fixed order, and dividing by the constant groups is a shift.
+                h = bx * groups + step % groups if in_block else bx
+                query_step = step // groups if in_block else step
+                k = loop_end - 1 - query_step if descending else loop_start + query_step
                 T.copy(rows(Q, bz, h, k * block_n, block_n), q)
                 T.clear(qkT)
                 T.gemm(K_shared, q, qkT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
@@ -1487,21 +1330,6 @@ def attention_sink_bwd(
                 T.copy(dsT_cast, dsT_shared)
                 T.clear(dq)
                 T.gemm(dsT_shared, K_shared, dq, transpose_A=True)
-                if cast_dq_in_bwd:
-                    count_and_cast(
-                        Adds,
-                        dQ,
-                        dQ_out,
-                        tx,
-                        bz,
-                        bx,
-                        loop_start,
-                        loop_end,
-                        noted,
-                        pending,
-                        step,
-                        steps,
-                    )
                 if bulk_dq:
                     add_staged_dq(dq, dq_staged, dQ, tx, bz, h, k)
                 elif k * block_n + block_n <= seq_len:
@@ -1513,63 +1341,13 @@ def attention_sink_bwd(
                     for i, j in T.Parallel(block_n, dim):
                         if k * block_n + i < seq_len:
                             T.atomic_add(elem(dQ, bz, h, k * block_n + i, j), dq[i, j])
-            if cast_dq_in_bwd:
-                for tick in T.serial(steps, steps + 2):
-                    count_and_cast(
-                        Adds,
-                        dQ,
-                        dQ_out,
-                        tx,
-                        bz,
-                        bx,
-                        loop_start,
-                        loop_end,
-                        noted,
-                        pending,
-                        tick,
-                        steps,
-                    )
-            elif bulk_dq:
+            if bulk_dq:
                 if tx == 0:
                     T.tma_store_wait(0, read=False)  # every add done before the block ends
             store_dkv(dv, dv_shared, dV, dv_reduction, bx, by, bz)
             for i, j in T.Parallel(block_m, dim):
                 dk[i, j] *= softmax_scale  # the scale dS left out
             store_dkv(dk, dk_shared, dK, dk_reduction, bx, by, bz)
-
-    if cast_dq_in_bwd:
-
-        @T.prim_func
-        def bwd(
-            Q: _input(q_shape, dtype, "q"),
-            K: _input(kv_shape, dtype, "k"),
-            V: _input(kv_shape, dtype, "v"),
-            dO: T.Tensor(q_shape, dtype),
-            lse: T.Tensor([batch, heads, padded_dim()], ACCUM),
-            Delta: T.Tensor([batch, heads, padded_dim()], ACCUM),
-            dQ: T.Tensor(dq_shape, ACCUM),
-            dK: T.Tensor(dk_shape, dk_dtype),
-            dV: T.Tensor(dv_shape, dv_dtype),
-            Adds: T.Tensor([batch, heads, padded_dim()], "int32"),
-            dQ_out: T.Tensor(q_shape, dtype),
-        ):
-            body(Q, K, V, dO, lse, Delta, dQ, dK, dV, Adds, dQ_out)
-
-        return bwd
-
-    @T.prim_func
-    def bwd(
-        Q: _input(q_shape, dtype, "q"),
-        K: _input(kv_shape, dtype, "k"),
-        V: _input(kv_shape, dtype, "v"),
-        dO: T.Tensor(q_shape, dtype),
-        lse: T.Tensor([batch, heads, padded_dim()], ACCUM),
-        Delta: T.Tensor([batch, heads, padded_dim()], ACCUM),
-        dQ: T.Tensor(dq_shape, ACCUM),
-        dK: T.Tensor(dk_shape, dk_dtype),
-        dV: T.Tensor(dv_shape, dv_dtype),
-    ):
-        body(Q, K, V, dO, lse, Delta, dQ, dK, dV, None, None)
 
     return bwd
 
@@ -1590,17 +1368,14 @@ def attention_sink_bwd_postprocess(
     block_m,
     threads,
     bulk_dq=False,
-    finish_dq=True,
 ):
-    """scale the fp32 dQ accumulator (laid out as the bwd kernel wrote it: by fragments, or by 16-row tiles with bulk_dq) by softmax_scale, which the bwd kernel's dS leaves out, and cast it to the input dtype; split or atomic dK/dV: finished from their fp32 buffers too (only they, where the bwd kernel casts dQ: cast_dq_in_bwd; not launched where it has neither to do). Grid (ceildiv(seq_len, block_m), heads (+ kv_heads: split or atomic dK/dV), batch).
+    """scale the fp32 dQ accumulator (laid out as the bwd kernel wrote it: by fragments, or by 16-row tiles with bulk_dq) by softmax_scale, which the bwd kernel's dS leaves out, and cast it to the input dtype; split or atomic dK/dV: finished from their fp32 buffers too. Grid (ceildiv(seq_len, block_m), heads (+ kv_heads: split or atomic dK/dV), batch).
 
     Blocks by < heads cast query head by of the fp32 dQ accumulator, times softmax_scale (the bwd
     kernel's dS leaves it out). Where the bwd kernel leaves dK and dV in fp32 buffers (split or
     atomic), kv_heads more blocks finish KV head by - heads of both: a split buffer's per-head
     partials summed in a fixed order (deterministic), an atomic one's sum as it is, cast to
     dtype. One launch for every gradient the bwd kernel leaves in fp32.
-    finish_dq=False (a bwd kernel with cast_dq_in_bwd casts dQ itself): only the dK/dV blocks,
-    by = 0 .. kv_heads - 1, and no dQ arguments.
     """
     batch, seq_len = runtime_dims()
     groups = heads // kv_heads
@@ -1615,7 +1390,44 @@ def attention_sink_bwd_postprocess(
     )
     _, elem, index = _indexers(layout)
 
-    cast_dq = _dq_caster(layout, dim, dtype, softmax_scale, bulk_dq, block_m, threads)
+    # Element loops, not tile copies: a copy between two global buffers over the symbolic
+    # padded rows costs TileLang's layout inference several seconds of build per kernel.
+    @T.macro
+    def cast_dq(dQ, dQ_out, bx, by, bz):
+        if bulk_dq:
+            for i, j in T.Parallel(block_m, dim):
+                row = bx * block_m + i
+                if row < seq_len:
+                    T.buffer_store(
+                        dQ_out,
+                        T.cast(elem(dQ, bz, by, row, j) * softmax_scale, dtype),
+                        index(bz, by, row, j),
+                    )
+        else:
+            # The atomics' 8x8 fragment order keeps a row's 8 columns from c as two runs of 4
+            # floats (columns c, c+2, c+4, c+6, then c+1, ...): a thread loads both runs as two
+            # 16-byte vectors, puts the 8 in column order and stores them as one. Consecutive
+            # threads take the rows of an 8-row group, then the next 8 columns: a warp reads one
+            # contiguous 1 KB.
+            tx = T.get_thread_binding()
+            runs = T.alloc_local([8], ACCUM)  # column c + 2v + p at 4p + v
+            cols = T.alloc_local([8], ACCUM)  # column c + t at t
+            for it in T.unroll(T.ceildiv(block_m * dim // 8, threads)):
+                item = it * threads + tx
+                row = bx * block_m + item // (dim // 8 * 8) * 8 + item % 8
+                col = item // 8 % (dim // 8) * 8
+                if item < block_m * dim // 8 and row < seq_len:
+                    for p in T.unroll(2):
+                        for v in T.vectorized(4):
+                            runs[4 * p + v] = elem(dQ, bz, by, row, col + 2 * v + p)
+                    for t in T.unroll(8):
+                        cols[t] = runs[4 * (t % 2) + t // 2]
+                    for t in T.vectorized(8):
+                        T.buffer_store(
+                            dQ_out,
+                            T.cast(cols[t] * softmax_scale, dtype),
+                            index(bz, by, row, col + t),
+                        )
 
     if dk_reduction in WRITTEN_BY_BWD and dv_reduction in WRITTEN_BY_BWD:
 
@@ -1630,7 +1442,7 @@ def attention_sink_bwd_postprocess(
                 bz,
             ):
                 T.annotate_layout({dQ: _dq_layout(layout, dQ, bulk_dq)})
-                cast_dq(dQ, dQ_out, bx * block_m, by, bz, seq_len)
+                cast_dq(dQ, dQ_out, bx, by, bz)
 
         return bwd_postprocess
 
@@ -1645,25 +1457,6 @@ def attention_sink_bwd_postprocess(
                 else:
                     total = elem(buffer, bz, h, row, j)
                 T.buffer_store(out, T.cast(total, dtype), index(bz, h, row, j))
-
-    if not finish_dq:
-
-        @T.prim_func
-        def bwd_postprocess(
-            dK: T.Tensor(dk_shape, dk_dtype),
-            dK_out: T.Tensor(kv_shape, dtype),
-            dV: T.Tensor(dv_shape, dv_dtype),
-            dV_out: T.Tensor(kv_shape, dtype),
-        ):
-            with T.Kernel(T.ceildiv(seq_len, block_m), kv_heads, batch, threads=threads) as (
-                bx,
-                by,
-                bz,
-            ):
-                finish_dkv(dK, dK_out, dk_reduction, bx, by, bz)
-                finish_dkv(dV, dV_out, dv_reduction, bx, by, bz)
-
-        return bwd_postprocess
 
     @T.prim_func
     def bwd_postprocess(
@@ -1681,7 +1474,7 @@ def attention_sink_bwd_postprocess(
         ):
             T.annotate_layout({dQ: _dq_layout(layout, dQ, bulk_dq)})
             if by < heads:
-                cast_dq(dQ, dQ_out, bx * block_m, by, bz, seq_len)
+                cast_dq(dQ, dQ_out, bx, by, bz)
             else:
                 finish_dkv(dK, dK_out, dk_reduction, bx, by - heads, bz)
                 finish_dkv(dV, dV_out, dv_reduction, bx, by - heads, bz)

@@ -25,12 +25,10 @@ from .kernels import (
     default_softmax_scale,
     dkv_buffer,
     has_paired_forward,
-    has_postprocess,
     padded_rows,
     paired_tiling,
     pairs_query_blocks,
     postprocess_tiling,
-    preprocess_tiling,
     tuned_tiling,
 )
 from .reference import gqa_reference
@@ -308,8 +306,7 @@ def variant_calls(
     and what the first forward of a new variant builds at once. The fwd/bwd
     tiling is the one tuned for the variant where the spec lists one (tuned_tiling).
     A causal variant without a window has a second forward, "fwd_pairs", that short calls run
-    (pairs_query_blocks): built with the rest, so that no new length compiles a kernel. A bwd
-    kernel that casts dQ itself (cast_dq_in_bwd) and writes dK/dV leaves no postprocess."""
+    (pairs_query_blocks): built with the rest, so that no new length compiles a kernel."""
     bwd_tiling = tuned_tiling(BWD_TILINGS, BWD_TILING, head_dim, causal, window)
     calls = {
         "fwd": (
@@ -320,7 +317,7 @@ def variant_calls(
         "preprocess": (
             gqa_bwd_preprocess,
             (heads, kv_heads, head_dim, layout, dtype, dk_reduction, dv_reduction),
-            preprocess_tiling(PREPROCESS_TILING, bwd_tiling),
+            PREPROCESS_TILING,
         ),
         "bwd": (
             gqa_bwd,
@@ -341,11 +338,9 @@ def variant_calls(
         "postprocess": (
             gqa_bwd_postprocess,
             (heads, kv_heads, head_dim, layout, dtype, softmax_scale, dk_reduction, dv_reduction),
-            postprocess_tiling(POSTPROCESS_TILING, bwd_tiling),
+            postprocess_tiling(POSTPROCESS_TILING, bwd_tiling.get("bulk_dq", False)),
         ),
     }
-    if not has_postprocess(bwd_tiling, dk_reduction, dv_reduction):
-        del calls["postprocess"]  # the bwd kernel leaves it nothing to do
     if has_paired_forward(causal, window):
         factory, args, tiling = calls["fwd"]
         calls["fwd_pairs"] = (factory, args, paired_tiling(tiling))
@@ -353,34 +348,8 @@ def variant_calls(
 
 
 def launcher(call):
-    """The compiled kernel of a variant_calls entry; None for a phase the variant does not launch."""
-    if call is None:
-        return None
     factory, args, tiling = call
     return kernel(factory, *args, **tiling)
-
-
-# Buffers that kernels find at zero on entry and leave at zero, per (device, stream, use), so
-# zeroed once here: the dQ accumulator and its int32 counts of the bwd kernels that cast dQ
-# themselves (cast_dq_in_bwd; use "dq"). One set per stream: launches on one stream run one
-# after another, and two streams never share one. Grown to the largest call's (a call views
-# their first elements); a replaced set is freed in stream order, after the launches that use it.
-ZEROED = {}
-
-
-def zeroed_buffers(device_index, use, shapes, dtypes):
-    """The current stream's zeroed buffers of `use`, viewed at shapes, of dtypes."""
-    key = (device_index, torch._C._cuda_getCurrentStream(device_index)[0], use)
-    sizes = [math.prod(shape) for shape in shapes]
-    found = ZEROED.get(key)
-    if found is None or any(buffer.numel() < size for buffer, size in zip(found, sizes)):
-        device = torch.device("cuda", device_index)
-        held = [0] * len(sizes) if found is None else [buffer.numel() for buffer in found]
-        found = ZEROED[key] = tuple(
-            torch.zeros(max(size, had), dtype=dtype, device=device)
-            for size, had, dtype in zip(sizes, held, dtypes)
-        )
-    return tuple(buffer[:size].view(shape) for buffer, size, shape in zip(found, sizes, shapes))
 
 
 class CallPlan:
@@ -397,7 +366,6 @@ class CallPlan:
         "dk_buffer",
         "dv_buffer",
         "finish_dkv",
-        "cast_dq",
         "fwd",
         "preprocess",
         "bwd",
@@ -422,10 +390,10 @@ class CallPlan:
             dv_reduction,
         )
         prebuild(calls.values())
-        self.fwd = launcher(calls.get("fwd"))
-        self.preprocess = launcher(calls.get("preprocess"))
-        self.bwd = launcher(calls.get("bwd"))
-        self.postprocess = launcher(calls.get("postprocess"))
+        self.fwd = launcher(calls["fwd"])
+        self.preprocess = launcher(calls["preprocess"])
+        self.bwd = launcher(calls["bwd"])
+        self.postprocess = launcher(calls["postprocess"])
         if pairs_query_blocks(causal, window, seq_len, calls["fwd"][2]["block_m"]):
             self.fwd = launcher(calls["fwd_pairs"])
         self.seq_len = seq_len
@@ -444,8 +412,6 @@ class CallPlan:
         # Direct and in_block dK/dV are the gradients; else the postprocess finishes them from
         # fp32 buffers.
         self.finish_dkv = dk_reduction not in WRITTEN_BY_BWD
-        # The bwd kernel casts dQ itself, into dQ, from an accumulator kept zeroed (zeroed_buffers).
-        self.cast_dq = calls["bwd"][2].get("cast_dq_in_bwd", False)
 
 
 # CallPlans by metadata. Bounded: a run over ever new shapes (a length sweep) starts it afresh.
@@ -533,35 +499,21 @@ def run_backward(
     if not (do.is_contiguous() and start_aligned(do)):
         do = do.clone(memory_format=torch.contiguous_format)
     # No buffer is zero-filled here: the preprocess zeroes the fp32 atomic targets (dQ's
-    # accumulator, unless it is kept zeroed, and atomic dK/dV buffers) before the bwd kernel adds
-    # into them.
+    # accumulator, and atomic dK/dV buffers) before the bwd kernel adds into them.
     delta = lse.new_empty(lse.shape)
+    dq_accum = lse.new_empty(plan.dq_accum_shape)
     dk_shape, dk_dtype = plan.dk_buffer
     dv_shape, dv_dtype = plan.dv_buffer
     dk_buffer = q.new_empty(dk_shape, dtype=dk_dtype)
     dv_buffer = q.new_empty(dv_shape, dtype=dv_dtype)
+    plan.preprocess(o, do, delta, dq_accum, dk_buffer, dv_buffer)
+    plan.bwd(q, k, v, do, lse, delta, dq_accum, dk_buffer, dv_buffer)
     dq = q.new_empty(q.shape)  # dense, as o
-    if plan.cast_dq:
-        dq_accum, adds = zeroed_buffers(
-            q.get_device(),
-            "dq",
-            (plan.dq_accum_shape, plan.lse_shape),
-            (torch.float32, torch.int32),
-        )
-        plan.preprocess(o, do, delta, dk_buffer, dv_buffer)
-        plan.bwd(q, k, v, do, lse, delta, dq_accum, dk_buffer, dv_buffer, adds, dq)
-        dq_args = ()
-    else:
-        dq_accum = lse.new_empty(plan.dq_accum_shape)
-        plan.preprocess(o, do, delta, dq_accum, dk_buffer, dv_buffer)
-        plan.bwd(q, k, v, do, lse, delta, dq_accum, dk_buffer, dv_buffer)
-        dq_args = (dq_accum, dq)
     if plan.finish_dkv:
         dk, dv = q.new_empty(k.shape), q.new_empty(v.shape)
-        plan.postprocess(*dq_args, dk_buffer, dk, dv_buffer, dv)
+        plan.postprocess(dq_accum, dq, dk_buffer, dk, dv_buffer, dv)
     else:
-        if plan.postprocess is not None:
-            plan.postprocess(*dq_args)
+        plan.postprocess(dq_accum, dq)
         dk, dv = dk_buffer, dv_buffer
     return dq, dk, dv
 

@@ -18,7 +18,6 @@ from .autograd import (
     DTYPE_NAMES,
     DK_REDUCTION,
     DV_REDUCTION,
-    ZEROED,
     backward_op,
     call_plan,
     check_inputs,
@@ -174,12 +173,6 @@ def check_against_reference(inputs, do, dtype, causal, window, layout):
     assert_close("dV", got["v"], ref["v"], dtype)
     assert_close("dK", got["k"], ref["k"], dtype)
     assert_close("dQ", got["q"], ref["q"], dtype)
-    # The buffers kept zeroed between calls (a bwd kernel that casts dQ itself: its accumulator
-    # and counts): left so.
-    for (_, _, use), buffers in ZEROED.items():
-        assert not any(
-            buffer.any() for buffer in buffers
-        ), f"a backward left its zeroed {use} buffers nonzero"
 
 
 @requires_cuda
@@ -285,53 +278,27 @@ def test_autocast_casts_the_inputs(dtype, given):
 def run_main_backward(inputs, do, causal, window, layout, dk_reduction, dv_reduction):
     """The preprocess, then the main backward kernel, on buffers filled with NaN: the preprocess
     must zero every fp32 atomic target. Returns the buffers (dQ, dK, dV raw) and a launch of the
-    main kernel alone. A bwd kernel that casts dQ itself (plan.cast_dq) takes its accumulator and
-    counts zeroed (they stay so) and writes dQ: buffers["dQ"] is then that dQ, and
-    buffers["dQ accumulator"] and buffers["counts"] are the zeroed pair."""
+    main kernel alone."""
     tensors = [t.detach() for t in inputs.values()]
     q, k, v = tensors[:3]
     scale = default_softmax_scale(q.shape[-1])
     o, lse = run_forward(*tensors, causal, window, layout, scale)
     plan = call_plan(q, k, causal, window, layout, scale, dk_reduction, dv_reduction)
     delta = torch.full_like(lse, float("nan"))
-    buffers = {"dQ": torch.full(plan.dq_accum_shape, float("nan"), device="cuda")}
-    for label, (shape, dtype) in (("dK", plan.dk_buffer), ("dV", plan.dv_buffer)):
-        buffers[label] = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
-    if plan.cast_dq:
-        buffers["dQ"] = torch.full_like(q, float("nan"))
-        buffers["dQ accumulator"] = torch.zeros(plan.dq_accum_shape, device="cuda")
-        buffers["counts"] = torch.zeros(plan.lse_shape, dtype=torch.int32, device="cuda")
-        plan.preprocess(o, do, delta, buffers["dK"], buffers["dV"])
-    else:
-        plan.preprocess(o, do, delta, buffers["dQ"], buffers["dK"], buffers["dV"])
+    buffers = preprocess_targets(plan)
+    plan.preprocess(o, do, delta, *buffers.values())
 
     def launch():
-        if plan.cast_dq:
-            plan.bwd(
-                q,
-                k,
-                v,
-                do,
-                lse,
-                delta,
-                buffers["dQ accumulator"],
-                buffers["dK"],
-                buffers["dV"],
-                buffers["counts"],
-                buffers["dQ"],
-            )
-        else:
-            plan.bwd(q, k, v, do, lse, delta, buffers["dQ"], buffers["dK"], buffers["dV"])
+        plan.bwd(q, k, v, do, lse, delta, buffers["dQ"], buffers["dK"], buffers["dV"])
 
     launch()
-    return buffers, launch, plan.cast_dq
+    return buffers, launch
 
 
 def preprocess_targets(plan):
-    """The preprocess's fp32 dQ accumulator (none beside a bwd kernel that casts dQ itself, whose
-    accumulator is kept zeroed) and dK/dV buffers, filled with NaN."""
+    """The preprocess's fp32 dQ accumulator and dK/dV buffers, filled with NaN."""
     nan = float("nan")
-    buffers = {} if plan.cast_dq else {"dQ": torch.full(plan.dq_accum_shape, nan, device="cuda")}
+    buffers = {"dQ": torch.full(plan.dq_accum_shape, nan, device="cuda")}
     for label, (shape, dtype) in (("dK", plan.dk_buffer), ("dV", plan.dv_buffer)):
         buffers[label] = torch.full(shape, nan, dtype=dtype, device="cuda")
     return buffers
@@ -340,10 +307,10 @@ def preprocess_targets(plan):
 @requires_cuda
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_preprocess_zeroes_the_atomic_targets(layout):
-    """The preprocess writes Delta's rows and zeroes every element of the fp32 dQ accumulator (but
-    beside a bwd kernel that casts dQ itself, whose accumulator stays zeroed), its padding rows
-    past seq_len included, and of atomic dK/dV buffers (ATOMIC_SHAPE's heads): no fill launch
-    runs before the bwd kernel's atomics. seq_len 77: a multiple of neither 8 nor any block."""
+    """The preprocess writes Delta's rows and zeroes every element of the fp32 dQ accumulator, its
+    padding rows past seq_len included, and of atomic dK/dV buffers (ATOMIC_SHAPE's heads): no
+    fill launch runs before the bwd kernel's atomics. seq_len 77: a multiple of neither 8 nor any
+    block."""
     batch, heads, kv_heads, _, head_dim = ATOMIC_SHAPE
     inputs, do = make_inputs(batch, heads, kv_heads, 77, head_dim, DTYPES[0], layout)
     tensors = [t.detach() for t in inputs.values()]
@@ -356,11 +323,7 @@ def test_preprocess_zeroes_the_atomic_targets(layout):
     plan.preprocess(o, do, delta, *buffers.values())
     assert not delta[..., :77].isnan().any(), "the preprocess left rows of Delta unwritten"
     # One query head per KV head: dK/dV are written directly, not zeroed.
-    targets = [
-        label
-        for label in ("dQ", "dK", "dV")
-        if label in buffers and (heads != kv_heads or label == "dQ")
-    ]
+    targets = ["dQ", "dK", "dV"] if heads != kv_heads else ["dQ"]
     for label in targets:
         left = (buffers[label] != 0).sum().item()
         assert left == 0, f"{label}: {left} of {buffers[label].numel()} elements not zeroed"
@@ -372,17 +335,16 @@ def test_preprocess_zeroes_the_atomic_targets(layout):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_atomics_accumulate(dtype, causal, window, layout):
     """The main backward run twice on the same fp32 buffers (zeroed by the preprocess) must give
-    twice the first run. A bwd kernel that casts dQ itself must leave its accumulator and counts
-    at zero after each run, and write the same dQ twice."""
+    twice the first run."""
     shape = ATOMIC_SHAPE
     inputs, do = make_inputs(*shape, dtype, layout)
     grouped = shape[1] != shape[2]
     dk_reduction = DK_REDUCTION if grouped else "direct"
     dv_reduction = DV_REDUCTION if grouped else "direct"
-    buffers, launch, casts_dq = run_main_backward(
+    buffers, launch = run_main_backward(
         inputs, do, causal, window, layout, dk_reduction, dv_reduction
     )
-    atomic = {} if casts_dq else {"dQ": buffers["dQ"]}
+    atomic = {"dQ": buffers["dQ"]}
     atomic.update(
         {
             label: buffers[label]
@@ -391,10 +353,7 @@ def test_atomics_accumulate(dtype, causal, window, layout):
         }
     )
     once = {label: b.clone() for label, b in atomic.items()}
-    if casts_dq:
-        check_cast_dq(buffers, launch)  # runs the second launch
-    else:
-        launch()
+    launch()
     for label, buffer in once.items():
         assert torch.isfinite(buffer).all(), f"{label}: the preprocess left unzeroed (NaN) elements"
     for label, twice in atomic.items():
@@ -405,24 +364,6 @@ def test_atomics_accumulate(dtype, causal, window, layout):
         assert torch.allclose(
             twice, 2 * once[label], rtol=1e-5, atol=1e-5
         ), f"{label} atomics do not accumulate: max |twice - 2*once| = {err:.3g}"
-
-
-def check_cast_dq(buffers, launch):
-    """A bwd kernel that casts dQ itself: its accumulator and counts at zero after a run, every
-    dQ element written (none left NaN), and the same dQ (to fp32 atomics' order) from a second
-    run on the buffers the first left."""
-    first = buffers["dQ"].clone()
-    for run in ("first", "second"):
-        for label in ("dQ accumulator", "counts"):
-            left = (buffers[label] != 0).sum().item()
-            assert (
-                left == 0
-            ), f"{run} run: {left} of {buffers[label].numel()} elements of the {label} left nonzero"
-        assert not buffers["dQ"].isnan().any(), f"{run} run: dQ has rows no block cast"
-        if run == "first":
-            buffers["dQ"].fill_(float("nan"))
-            launch()
-    torch.testing.assert_close(buffers["dQ"], first, rtol=1e-2, atol=1e-3)
 
 
 @requires_cuda

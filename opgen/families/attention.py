@@ -15,10 +15,9 @@ from typing import Annotated, Any, Callable, Iterator, Literal
 from pydantic import AfterValidator, Field, StrictBool
 
 from opgen.families import attention_launch
-from opgen.families.attention_launch import (DQ_TILE, has_paired_forward, has_postprocess,
-                                              heads_per_block, launch_grid, padded_rows,
-                                              paired_tiling, pairs_query_blocks,
-                                              postprocess_tiling, preprocess_tiling, tuned_tiling,
+from opgen.families.attention_launch import (DQ_TILE, has_paired_forward, heads_per_block,
+                                              launch_grid, padded_rows, paired_tiling,
+                                              pairs_query_blocks, postprocess_tiling, tuned_tiling,
                                               walks_heads)
 from opgen.families.contract import Family
 from opgen.plan import (DTYPE_BYTES, CompileJob, FlopsBenchCase, GradPlan, PlanBase, SourceInfo,
@@ -128,14 +127,6 @@ class BwdTiling(AttentionTiling):
     # 15%; MHA D128 level, D64 4% slower; sinks at window 1024 34% slower). Left out of the
     # tiling (and the spec's hash) when false.
     descending: StrictBool = Field(False, exclude_if=lambda v: not v)
-
-    # true: the bwd kernel casts dQ itself. Each block counts the query blocks whose dQ adds it has
-    # done; the block that completes a query block's count casts its rows and zeroes them (and
-    # the count) again. The accumulator is then kept zeroed between calls (one per device and
-    # stream, as large as the largest call's): the preprocess zeroes no dQ and no postprocess
-    # casts it, two passes over the fp32 accumulator saved. Left out of the tiling (and the
-    # spec's hash) when false.
-    cast_dq_in_bwd: StrictBool = Field(False, exclude_if=lambda v: not v)
 
 
 class DsinksTiling(RowTiling):
@@ -801,17 +792,15 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
                       + ("; a short window: heads // heads_per_block" if section.sliding_window else ""),
                       t.fwd, (3 + sink_arg, 4 + sink_arg)),
         "preprocess": kernel("preprocess", "bwd_preprocess", "bwd_preprocess",
-                             "Delta = rowsum(O * dO); zeroes the fp32 atomic targets of the bwd kernel "
-                             "(not dQ's where the bwd kernel casts dQ itself: cast_dq_in_bwd)"
+                             "Delta = rowsum(O * dO); zeroes the fp32 atomic targets of the bwd kernel"
                              + ("; dsinks, from each block's partial sum of its rows' terms, added "
                                 "in a fixed order by the last block of a head to finish"
                                 if dsinks_in_preprocess else ""),
                              "(ceildiv(seq_len, block_m), heads, batch)", t.preprocess, (2,)),
         "bwd": kernel("bwd", "bwd", "bwd",
                       f"dQ by fp32 atomics (bulk_dq: {DQ_TILE}-row tiles staged in shared memory, "
-                      "added by bulk reduce-adds; cast_dq_in_bwd: the last block to add into a query block "
-                      "casts it and zeroes it again); dK, dV per query head, written, split or atomically "
-                      "added, or per KV head summed over its group in the block (in_block)",
+                      "added by bulk reduce-adds); dK, dV per query head, written, split or atomically added, "
+                      "or per KV head summed over its group in the block (in_block)",
                       "(ceildiv(seq_len, block_m), heads (kv_heads with in_block dK/dV), batch); causal: "
                       "the first two swapped (heads fastest: the longest blocks launch first)",
                       t.bwd, None),
@@ -819,9 +808,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
                               "scale the fp32 dQ accumulator (laid out as the bwd kernel wrote it: by "
                               f"fragments, or by {DQ_TILE}-row tiles with bulk_dq) by softmax_scale, "
                               "which the bwd kernel's dS leaves out, and cast it to the input dtype; "
-                              "split or atomic dK/dV: finished from their fp32 buffers too (only they, "
-                              "where the bwd kernel casts dQ: cast_dq_in_bwd; not launched where it "
-                              "has neither to do)",
+                              "split or atomic dK/dV: finished from their fp32 buffers too",
                               "(ceildiv(seq_len, block_m), heads (+ kv_heads: split or atomic dK/dV), batch)",
                               t.postprocess, (1,)),
     }
@@ -991,7 +978,7 @@ def _compile_jobs(spec, kernels, tuned, chosen, test_cases, mask_cases) -> tuple
     jobs = []
     for layout, dtype, dim in itertools.product(section.layouts, spec.dtypes, section.head_dims):
         tag = f"{layout} {dtype} d{dim}"
-        bwd_tilings = []  # this head dim's bwd tilings: the pre- and postprocess follow them
+        bulk_dq = set()  # the dQ layouts (bulk_dq or not) of this head dim's bwd kernels
         # The default scale: another scale is another constant in the same code.
         scale = default_softmax_scale(dim)
         for mask in mask_cases:
@@ -1009,42 +996,28 @@ def _compile_jobs(spec, kernels, tuned, chosen, test_cases, mask_cases) -> tuple
                 jobs.append(CompileJob(k.factory, (1, 1, dim, mask.causal, window, layout, dtype, scale),
                                        paired_tiling(tiling("fwd")), f"fwd pairs {tag} {mask.id}"))
             k = kernels["bwd"]
-            bwd_tilings.append(tiling("bwd"))
+            bulk_dq.add(tiling("bwd").get("bulk_dq", False))
             for g, dk, dv in bwd_modes:
                 modes = f"groups={g} dk={dk} dv={dv}"
                 jobs.append(CompileJob(
                     k.factory, (g, 1, dim, mask.causal, window, layout, dtype, scale, dk, dv),
                     tiling("bwd"), f"bwd {tag} {mask.id} {modes}"))
-        # The preprocess zeroes, and the postprocess finishes, the dK/dV buffers of each mode; both
-        # follow the bwd kernel's dQ (its layout, or dQ cast in the bwd kernel).
+        # The preprocess zeroes, and the postprocess finishes, the dK/dV buffers of each mode; the
+        # postprocess reads dQ in the layout of the bwd kernel that wrote it.
         for g, dk, dv in bwd_modes:
             modes = f"groups={g} dk={dk} dv={dv}"
             k = kernels["preprocess"]
-            for pre in unique_tilings(preprocess_tiling(k.tiling, b) for b in bwd_tilings):
-                jobs.append(CompileJob(k.factory, (g, 1, dim, layout, dtype, dk, dv), pre,
-                                       f"{k.phase} {tag} {modes}" + tiling_suffix(pre, k.tiling)))
+            jobs.append(CompileJob(k.factory, (g, 1, dim, layout, dtype, dk, dv), k.tiling,
+                                   f"{k.phase} {tag} {modes}"))
             k = kernels["postprocess"]
-            posts = (postprocess_tiling(k.tiling, b) for b in bwd_tilings if has_postprocess(b, dk, dv))
-            for post in unique_tilings(posts):
-                jobs.append(CompileJob(k.factory, (g, 1, dim, layout, dtype, scale, dk, dv), post,
-                                       f"{k.phase} {tag} {modes}" + tiling_suffix(post, k.tiling)))
+            for bulk in sorted(bulk_dq):
+                jobs.append(CompileJob(k.factory, (g, 1, dim, layout, dtype, scale, dk, dv),
+                                       postprocess_tiling(k.tiling, bulk),
+                                       f"{k.phase} {tag} {modes}" + (" bulk_dq" if bulk else "")))
     if "dsinks" in kernels:
         k = kernels["dsinks"]
         jobs.append(CompileJob(k.factory, (1,), k.tiling, "bwd_dsinks"))
     return tuple(jobs)
-
-
-def unique_tilings(tilings) -> list[dict[str, Any]]:
-    """The distinct tilings, in a fixed order (the compile jobs' order is part of the build): the
-    fewest keys first (a phase's own tiling before those adding to it), each as given."""
-    distinct = {tuple(sorted(t.items())): t for t in tilings}
-    return [distinct[key] for key in sorted(distinct, key=lambda key: (len(key), key))]
-
-
-def tiling_suffix(tiling: dict[str, Any], base: dict[str, Any]) -> str:
-    """A compile job's label for the keys a phase's tiling adds to its base (" bulk_dq")."""
-    return "".join(f" {key}={value}" if value is not True else f" {key}"
-                   for key, value in tiling.items() if key not in base)
 
 
 # Every backward buffer is allocated empty: the preprocess zeroes the fp32 atomic targets for the
@@ -1089,19 +1062,14 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
         fwd_grid = (fwd_blocks, h // walked, b)
     else:
         fwd_grid = (*launch_grid(causal, fwd_blocks, h), b)
-
-    def reduction(mode):
-        return mode if groups > 1 else "direct"
-
     grids = {
         "fwd": fwd_grid,
         "preprocess": (blocks("preprocess"), h, b),
         "bwd": (*launch_grid(causal, blocks("bwd"),
                           kv if groups > 1 and p.dk_reduction == "in_block" else h), b),
-        # Grouped KV heads: kv more blocks finish dK and dV, unless the bwd kernel wrote them
-        # (with dQ cast in the bwd kernel, only those).
-        "postprocess": postprocess_grid(blocks("postprocess"), h, kv, b, bwd_tiling,
-                                        *(reduction(p.dk_reduction), reduction(p.dv_reduction))),
+        # Grouped KV heads: kv more blocks finish dK and dV, unless the bwd kernel wrote them.
+        "postprocess": (blocks("postprocess"),
+                        h + kv if groups > 1 and p.dk_reduction != "in_block" else h, b),
         "dsinks": (h,),
     }
     sizes = {"q": b * h * s * d * elem, "k": b * kv * s * d * elem, "v": b * kv * s * d * elem,
@@ -1129,19 +1097,9 @@ def explain(p: Plan, shape: dict[str, Any]) -> list[Table]:
                     flops_bwd(fwd), "2.5 x forward (5 GEMMs vs 2)"),
         tilings={**{key: p.tiling_for(key, d, causal, window) for key in p.kernels},
                  "fwd": paired_tiling(fwd_tiling) if paired else fwd_tiling,
-                 "preprocess": preprocess_tiling(p.tiling_for("preprocess", d, causal, window), bwd_tiling),
-                 "postprocess": postprocess_tiling(p.tiling_for("postprocess", d, causal, window), bwd_tiling)},
+                 "postprocess": postprocess_tiling(p.tiling_for("postprocess", d, causal, window),
+                                                   bwd_tiling.get("bulk_dq", False))},
     )
-
-
-def postprocess_grid(blocks, heads, kv_heads, batch, bwd_tiling, dk_reduction, dv_reduction):
-    """The postprocess's grid (explain): a block per (row block, query head) casting dQ, unless
-    the bwd kernel does, and per KV head finishing dK/dV where the bwd kernel leaves them in fp32."""
-    if not has_postprocess(bwd_tiling, dk_reduction, dv_reduction):
-        return "not launched"
-    finished = dk_reduction not in attention_launch.WRITTEN_BY_BWD
-    dq_heads = 0 if bwd_tiling.get("cast_dq_in_bwd", False) else heads
-    return (blocks, dq_heads + (kv_heads if finished else 0), batch)
 
 
 def _check_shape(p: Plan, b, h, kv, s, d, causal, window, dtype) -> None:

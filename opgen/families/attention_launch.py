@@ -38,31 +38,10 @@ def padded_rows(seq_len):
     return (seq_len + DQ_TILE - 1) // DQ_TILE * DQ_TILE
 
 
-# dK/dV reductions whose bwd kernel writes the gradients themselves, in the input dtype: nothing
-# for the preprocess to zero or the postprocess to finish.
-WRITTEN_BY_BWD = ("direct", "in_block")
-
-
-def preprocess_tiling(tiling, bwd_tiling):
-    """The preprocess's tiling beside a bwd tiling: with cast_dq_in_bwd, whose accumulator is kept
-    zeroed between calls, it zeroes no dQ (zero_dq=False)."""
-    return {**tiling, "zero_dq": False} if bwd_tiling.get("cast_dq_in_bwd", False) else tiling
-
-
-def postprocess_tiling(tiling, bwd_tiling):
-    """The postprocess's tiling beside a bwd tiling: it reads dQ in the bwd kernel's layout (with
-    bulk_dq, its tiles), or, where the bwd kernel casts dQ itself (cast_dq_in_bwd), reads none
-    and finishes only dK/dV (finish_dq=False)."""
-    if bwd_tiling.get("cast_dq_in_bwd", False):
-        return {**tiling, "finish_dq": False}
-    return {**tiling, "bulk_dq": True} if bwd_tiling.get("bulk_dq", False) else tiling
-
-
-def has_postprocess(bwd_tiling, dk_reduction, dv_reduction):
-    """Whether a backward launches the postprocess: to cast dQ, unless the bwd kernel does
-    (cast_dq_in_bwd), or to finish dK/dV that the bwd kernel leaves in fp32 buffers."""
-    written = dk_reduction in WRITTEN_BY_BWD and dv_reduction in WRITTEN_BY_BWD
-    return not (bwd_tiling.get("cast_dq_in_bwd", False) and written)
+def postprocess_tiling(tiling, bulk_dq):
+    """The postprocess's tiling for dQ written by a bwd kernel with (or without) bulk_dq: the
+    accumulator's layout is the bwd kernel's, so the postprocess reads it the same way."""
+    return {**tiling, "bulk_dq": True} if bulk_dq else tiling
 
 
 # <<<
