@@ -422,24 +422,31 @@ def test_a_windowed_call_of_a_pingpong_tiling_runs_the_pingpong_forward():
     assert "fwd_heads_kernel" in short
 
 
+def ptxas_notes(source, tmp_path) -> str:
+    """nvcc's and ptxas's output for a lowered kernel's whole CUDA source, compiled for sm_90a as
+    TileLang compiles it; asserts that it compiled."""
+    import subprocess
+
+    import tilelang
+
+    (tmp_path / "kernel.cu").write_text(source)
+    root = Path(tilelang.__file__).parent
+    result = subprocess.run(
+        ["nvcc", "-gencode", "arch=compute_90a,code=sm_90a", "-cubin", "-o", str(tmp_path / "kernel.cubin"),
+         "--ptxas-options=--verbose", "-std=c++17", "-DNDEBUG", "--use_fast_math",
+         f"-I{root / 'src'}", f"-I{root / '3rdparty' / 'cutlass' / 'include'}", str(tmp_path / "kernel.cu")],
+        capture_output=True, text=True)
+    notes = result.stdout + result.stderr
+    assert result.returncode == 0, notes[-3000:]
+    return notes
+
+
 def test_the_pingpong_forward_compiles_with_no_wgmma_serialized(pingpong_source, tmp_path):
     """ptxas keeps every WGMMA of the ping-pong forward asynchronous: a register a WGMMA reads,
     written between two issues, or a barrier's wait loop between them, makes it serialize all of
     them (warning C7513 or C7512), and the two warpgroups' GEMMs would no longer overlap the
     softmax. No spills either."""
-    import subprocess
-
-    import tilelang
-
-    (tmp_path / "fwd.cu").write_text(pingpong_source)
-    root = Path(tilelang.__file__).parent
-    result = subprocess.run(
-        ["nvcc", "-gencode", "arch=compute_90a,code=sm_90a", "-cubin", "-o", str(tmp_path / "fwd.cubin"),
-         "--ptxas-options=--verbose", "-std=c++17", "-DNDEBUG", "--use_fast_math",
-         f"-I{root / 'src'}", f"-I{root / '3rdparty' / 'cutlass' / 'include'}", str(tmp_path / "fwd.cu")],
-        capture_output=True, text=True)
-    notes = result.stdout + result.stderr
-    assert result.returncode == 0, notes[-3000:]
+    notes = ptxas_notes(pingpong_source, tmp_path)
     assert not re.search(r"C75\d\d", notes), notes
     assert " 0 bytes spill stores" in notes, notes
 
@@ -477,10 +484,6 @@ def test_preprocess_sums_dsinks_and_the_last_block_adds_the_partials(dsinks_prep
     (batch x ceildiv(seq_len, 32) blocks a head) fences again, adds every partial of the head,
     stores dsinks and resets the count; no atomic adds into dsinks (a fixed order). nvcc
     compiles it for sm_90a without spills."""
-    import subprocess
-
-    import tilelang
-
     source = dsinks_preprocess[dsinks_preprocess.index("__launch_bounds__"):]
     stored = re.search(r"Partials\[.*\] = partial\[0\];", source)
     counted = source.index("AtomicAddRet((&(Done[((int)blockIdx.y)])), 1)")
@@ -493,13 +496,5 @@ def test_preprocess_sums_dsinks_and_the_last_block_adds_the_partials(dsinks_prep
     assert "AtomicStore((&(Done[((int)blockIdx.y)])), 0" in tail, tail
     assert "AtomicAdd(" not in source, source
 
-    (tmp_path / "pre.cu").write_text(dsinks_preprocess)
-    root = Path(tilelang.__file__).parent
-    result = subprocess.run(
-        ["nvcc", "-gencode", "arch=compute_90a,code=sm_90a", "-cubin", "-o", str(tmp_path / "pre.cubin"),
-         "--ptxas-options=--verbose", "-std=c++17", "-DNDEBUG", "--use_fast_math",
-         f"-I{root / 'src'}", f"-I{root / '3rdparty' / 'cutlass' / 'include'}", str(tmp_path / "pre.cu")],
-        capture_output=True, text=True)
-    notes = result.stdout + result.stderr
-    assert result.returncode == 0, notes[-3000:]
+    notes = ptxas_notes(dsinks_preprocess, tmp_path)
     assert " 0 bytes spill stores" in notes, notes
