@@ -44,8 +44,9 @@
 # kept off by default behind [tiling.dsinks] in_preprocess). Left, in order:
 #   1. dsinks in the preprocess: one launch less a backward at the same GPU time (run 218: the
 #      preprocess 46.8 -> 52.3 us against the dsinks kernel's 5.0 at the gpt-oss shape). Measure
-#      the host time of a tiny-shape backward with it on and off (attention_host_ladder.py on
-#      copies: `SPEC_EDIT='s/^\[tiling.dsinks\]\(.*\)$/[tiling.dsinks]\1\nin_preprocess = true/'
+#      the whole call with it on and off, host-bound and GPU-bound (`python
+#      docs/profiling/dsinks_host_ab.py` after
+#      `SPEC_EDIT='s/^\[tiling.dsinks\]\(.*\)$/[tiling.dsinks]\1\nin_preprocess = true/'
 #      bash docs/profiling/render_copies.sh - sp attention_sink`); turn it on in
 #      specs/attention_sink.toml if it saves host time, and try a wider preprocess block (fewer
 #      blocks, each one fence and count) for its GPU time.
