@@ -6,14 +6,12 @@ kernel's one store per head comes from one thread."""
 
 from __future__ import annotations
 
-import importlib
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, import_generated
+from conftest import import_generated
 
 pytestmark = [pytest.mark.compile, pytest.mark.xdist_group("attention_lowered")]
 
@@ -451,50 +449,3 @@ def test_the_pingpong_forward_compiles_with_no_wgmma_serialized(pingpong_source,
     assert " 0 bytes spill stores" in notes, notes
 
 
-@pytest.fixture(scope="module")
-def dsinks_preprocess(tmp_path_factory):
-    """The CUDA source of the preprocess of attention_sink's spec with [tiling.dsinks]
-    in_preprocess = true (rendered under another name, so as not to shadow the committed package)."""
-    from opgen.render import generate
-
-    root = tmp_path_factory.mktemp("dsinks_preprocess")
-    text = (REPO_ROOT / "specs/attention_sink.toml").read_text()
-    text = text.replace('name = "attention_sink"', 'name = "sink_sums"')
-    text = re.sub(r"^\[tiling\.dsinks\].*$", "[tiling.dsinks]\nin_preprocess = true", text, flags=re.M)
-    spec = root / "sink_sums.toml"
-    spec.write_text(text)
-    files = generate(spec).files
-    assert "dsinks" not in generate(spec).plan.kernels  # no kernel of its own
-    package = root / "sink_sums"
-    package.mkdir()
-    for name, data in files.items():
-        (package / name).write_text(data)
-    sys.path.insert(0, str(root))
-    try:
-        kernels = importlib.import_module("sink_sums.kernels")
-        return cuda_source(kernels.sink_sums_bwd_preprocess,
-                           (32, 8, 64, "bshd", "bfloat16", "direct", "direct"), TILING["preprocess"])
-    finally:
-        sys.path.remove(str(root))
-
-
-def test_preprocess_sums_dsinks_and_the_last_block_adds_the_partials(dsinks_preprocess, tmp_path):
-    """With dsinks summed in the preprocess: each block stores its rows' partial, fences it,
-    and one thread counts the block done in its head's count; the block that completes the count
-    (batch x ceildiv(seq_len, 32) blocks a head) fences again, adds every partial of the head,
-    stores dsinks and resets the count; no atomic adds into dsinks (a fixed order). nvcc
-    compiles it for sm_90a without spills."""
-    source = dsinks_preprocess[dsinks_preprocess.index("__launch_bounds__"):]
-    stored = re.search(r"Partials\[.*\] = partial\[0\];", source)
-    counted = source.index("AtomicAddRet((&(Done[((int)blockIdx.y)])), 1)")
-    assert stored and stored.end() < source.index("__threadfence();", stored.end()) < counted, source
-    assert re.search(r"if \(\(\(int\)threadIdx\.x\) == 0\) \{\s*int done = AtomicAddRet", source), source
-    assert "(done == ((batch * ((seq_len + 31) >> 5)) - 1))" in source, source
-    tail = source[source.index("if (((int*)last)[0] == 1) {\n    __threadfence();", counted):]
-    added = tail.index("sums[0] = (sums[0] + condval")
-    assert tail.index("dSinks[((int)blockIdx.y)] = total[0];") > added, tail
-    assert "AtomicStore((&(Done[((int)blockIdx.y)])), 0" in tail, tail
-    assert "AtomicAdd(" not in source, source
-
-    notes = ptxas_notes(dsinks_preprocess, tmp_path)
-    assert " 0 bytes spill stores" in notes, notes

@@ -41,22 +41,16 @@
 # of device time); session 50 an H100 after ~30 minutes of failed starts (runs 216-219:
 # cast_dq_in_bwd right and 1.1-2.2x slower in both designs, counting each step and counting once
 # after the walk, so removed; dsinks summed in the preprocess right and no faster on the GPU,
-# kept off by default behind [tiling.dsinks] in_preprocess). Left, in order:
-#   1. dsinks in the preprocess: one launch less a backward at the same GPU time (run 218: the
-#      preprocess 46.8 -> 52.3 us against the dsinks kernel's 5.0 at the gpt-oss shape). Measure
-#      the whole call with it on and off, host-bound and GPU-bound (`python
-#      docs/profiling/dsinks_host_ab.py` after
-#      `SPEC_EDIT='s/^\[tiling.dsinks\]\(.*\)$/[tiling.dsinks]\1\nin_preprocess = true/'
-#      bash docs/profiling/render_copies.sh - sp attention_sink`); turn it on in
-#      specs/attention_sink.toml if it saves host time, and try a wider preprocess block (fewer
-#      blocks, each one fence and count) for its GPU time.
-#   2. The attention backward's main kernel: 0.85x cuDNN's at MHA D128 full (run 205; 2792 vs
+# kept off by default behind [tiling.dsinks] in_preprocess); session 51 an H100 (run 220: the
+# whole sinks call no faster with it, 325 vs 325 us at gpt-oss's shape and slower host-bound, so
+# it was removed). Left, in order:
+#   1. The attention backward's main kernel: 0.85x cuDNN's at MHA D128 full (run 205; 2792 vs
 #      2368 us in run 219, the pre- and postprocess the same as cuDNN's); the windowed ones stall
 #      on a GEMM descriptor's UMOV and on GEMM waits (runs 213-214). The fp32 dQ passes are not
 #      the gap: moving the cast into the bwd kernel spends its SMs on memory-bound work (run 219).
-#   3. The attention forwards short of 0.95x cuDNN on the H100 (run 212: D128 full 0.94x).
-#   4. matmul 8192^3 backward (0.94x cuBLAS on the H100, run 206).
-#   5. Every generated test on the H200 (the acceptance's machine; runs 209-219 were on an H100).
+#   2. The attention forwards short of 0.95x cuDNN on the H100 (run 212: D128 full 0.94x).
+#   3. matmul 8192^3 backward (0.94x cuBLAS on the H100, run 206).
+#   4. Every generated test on the H200 (the acceptance's machine; runs 209-219 were on an H100).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift

@@ -129,15 +129,6 @@ class BwdTiling(AttentionTiling):
     descending: StrictBool = Field(False, exclude_if=lambda v: not v)
 
 
-class DsinksTiling(RowTiling):
-    """The dsinks kernel's tiling (attention.sinks), or none: with in_preprocess the preprocess's
-    blocks sum dsinks instead (each its rows' terms; the last block of a head to finish adds the
-    head's partials in a fixed order) and block_m and threads go unused. Left out of the tiling
-    (and the spec's hash) when false."""
-
-    in_preprocess: StrictBool = Field(False, exclude_if=lambda v: not v)
-
-
 # Hopper defaults. fwd 128x64 with a 256-thread consumer group and one pipeline stage, bwd 128x32
 # with two stages: the sm_90 configurations of TileLang's GQA and attention-sink examples, which
 # fit both head_dim 64 and 128 in shared memory.
@@ -148,7 +139,7 @@ DEFAULT_TILING = {
     "postprocess": RowTiling(block_m=64, threads=128),
     # Used only with attention.sinks: one block a head walks batch x seq_len rows, so a wide
     # block (1024 rows a step) takes fewer serial steps: 4% off the gpt-oss-shape backward.
-    "dsinks": DsinksTiling(block_m=1024, threads=1024),
+    "dsinks": RowTiling(block_m=1024, threads=1024),
 }
 
 
@@ -688,7 +679,6 @@ class Plan(PlanBase):
     causal_default: bool
     gqa: bool
     sinks: bool
-    dsinks_in_preprocess: bool  # the preprocess sums dsinks: no dsinks kernel ([tiling.dsinks])
     sinks_dtype_expr: str  # the sinks' dtype in docs and tests, as code: torch.float32, or dtype (q's)
     sliding_window: bool
     tensor_inputs: tuple[str, ...]  # q, k, v (, sinks)
@@ -780,7 +770,6 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         return kernel_plan(spec.name, key, factory, phase, summary, grid, tiling, out_idx)
 
     sink_arg = 1 if section.sinks else 0
-    dsinks_in_preprocess = section.sinks and t.dsinks.in_preprocess
     kernels = {
         "fwd": kernel("fwd", "fwd", "fwd",
                       "O = softmax(Q K^T * scale) V and the row log-sum-exp (log2 domain)"
@@ -792,10 +781,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
                       + ("; a short window: heads // heads_per_block" if section.sliding_window else ""),
                       t.fwd, (3 + sink_arg, 4 + sink_arg)),
         "preprocess": kernel("preprocess", "bwd_preprocess", "bwd_preprocess",
-                             "Delta = rowsum(O * dO); zeroes the fp32 atomic targets of the bwd kernel"
-                             + ("; dsinks, from each block's partial sum of its rows' terms, added "
-                                "in a fixed order by the last block of a head to finish"
-                                if dsinks_in_preprocess else ""),
+                             "Delta = rowsum(O * dO); zeroes the fp32 atomic targets of the bwd kernel",
                              "(ceildiv(seq_len, block_m), heads, batch)", t.preprocess, (2,)),
         "bwd": kernel("bwd", "bwd", "bwd",
                       f"dQ by fp32 atomics (bulk_dq: {DQ_TILE}-row tiles staged in shared memory, "
@@ -812,7 +798,7 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
                               "(ceildiv(seq_len, block_m), heads (+ kv_heads: split or atomic dK/dV), batch)",
                               t.postprocess, (1,)),
     }
-    if section.sinks and not dsinks_in_preprocess:
+    if section.sinks:
         kernels["dsinks"] = kernel("dsinks", "bwd_dsinks", "bwd_param",
                                    "dsinks = sum over batch and rows of -exp(sink - lse) * Delta, "
                                    "in a fixed order", "(heads,)", t.dsinks, (3,))
@@ -840,9 +826,6 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         grads.append(GradPlan(grad, inp, chosen[grad], notes[chosen[grad]]))
     if section.sinks:
         grads.append(GradPlan("dsinks", "sinks", chosen["dsinks"],
-                              "per-row terms summed over batch and rows in a fixed order: by the "
-                              "preprocess's blocks, each its rows, the last of a head adding their "
-                              "partials" if dsinks_in_preprocess else
                               "per-row terms summed over batch and rows by one block per head"))
 
     tensor_inputs = ("q", "k", "v", "sinks") if section.sinks else ("q", "k", "v")
@@ -882,7 +865,6 @@ def plan(spec: Spec, source: SourceInfo) -> Plan:
         causal_default=section.causal,
         gqa=section.gqa,
         sinks=section.sinks,
-        dsinks_in_preprocess=dsinks_in_preprocess,
         sinks_dtype_expr="torch.float32" if section.sinks_dtype == "float32" else "dtype",
         sliding_window=section.sliding_window,
         tensor_inputs=tensor_inputs,

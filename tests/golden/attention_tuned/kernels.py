@@ -24,9 +24,6 @@ ACCUM = "float32"
 # Running row max starts finite: a row whose first key blocks are all masked (sliding window)
 # would otherwise compute exp2(-inf - -inf) = NaN.
 NEG_INIT = -1e30
-# The dsinks kernel's block reads this many blocks of rows per step: that many loads in flight
-# per thread, where one at a time would leave a long chain of serial memory latencies.
-DSINKS_LOADS = 8
 
 
 def default_softmax_scale(dim):
