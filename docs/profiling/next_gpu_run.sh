@@ -41,16 +41,20 @@
 # of device time); session 50 an H100 after ~30 minutes of failed starts (runs 216-219:
 # cast_dq_in_bwd right and 1.1-2.2x slower in both designs, counting each step and counting once
 # after the walk, so removed; dsinks summed in the preprocess right and no faster on the GPU,
-# kept off by default behind [tiling.dsinks] in_preprocess); session 51 an H100 (run 220: the
-# whole sinks call no faster with it, 325 vs 325 us at gpt-oss's shape and slower host-bound, so
-# it was removed). Left, in order:
-#   1. The attention backward's main kernel: 0.85x cuDNN's at MHA D128 full (run 205; 2792 vs
-#      2368 us in run 219, the pre- and postprocess the same as cuDNN's); the windowed ones stall
-#      on a GEMM descriptor's UMOV and on GEMM waits (runs 213-214). The fp32 dQ passes are not
-#      the gap: moving the cast into the bwd kernel spends its SMs on memory-bound work (run 219).
-#   2. The attention forwards short of 0.95x cuDNN on the H100 (run 212: D128 full 0.94x).
-#   3. matmul 8192^3 backward (0.94x cuBLAS on the H100, run 206).
-#   4. Every generated test on the H200 (the acceptance's machine; runs 209-219 were on an H100).
+# kept off by default behind [tiling.dsinks] in_preprocess); session 51 an H100 (runs 220-223:
+# dsinks in the preprocess no faster through the whole call, so removed; the attention packages'
+# 276 tests; the preprocess and postprocess at the copy bandwidth at any tiling; dQ by a kernel
+# of its own right and slower everywhere). Left, in order:
+#   1. matmul 8192^3 backward (0.94x cuBLAS on the H100, run 206): `python
+#      docs/profiling/matmul_bwd_kernels.py`, its kernels next to cuBLAS's (the profile issue 11
+#      asks for; not yet run), then tune dA / dB where one kernel is the gap.
+#   2. The attention backward's main kernel: 0.85x cuDNN's at MHA D128 full (run 205; 2792 vs
+#      2368 us in run 219). Not its dQ path's passes (runs 218-219, 222-223) nor the tilings;
+#      each consumer warpgroup's five GEMMs a step run one after another (BENCHMARKS.md, "Targets
+#      not reached"): an FA3-style hand-scheduled consumer is what is left.
+#   3. The attention forwards short of 0.95x cuDNN on the H100 (run 212: D128 full 0.94x).
+#   4. Every generated test on the H200 (the acceptance's machine; runs 209-223 were on an H100;
+#      `tests attention gqa attention_sink`, then the other five packages, one call each).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
