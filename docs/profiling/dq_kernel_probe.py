@@ -15,7 +15,6 @@ package's four; the dq kernel's dQ is checked against the package's backward fir
 """
 import importlib
 import os
-import statistics
 import sys
 
 import tilelang
@@ -25,6 +24,7 @@ import torch
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bwd_ablations import edited_kernels  # noqa: E402
+from prepost_tiling_probe import timed  # noqa: E402
 
 from generated.attention_sink import autograd as SINK  # noqa: E402
 from generated.attention_sink.kernels import (  # noqa: E402
@@ -109,21 +109,6 @@ def dq_kernel(heads, kv_heads, dim, causal, window, layout, dtype, softmax_scale
             T.copy(q_s, rows(dQ, bz, by, bx * block_m, block_m))
 
     return dq
-
-
-def timed(fn, launches=50, rounds=5):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(launches):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / launches)
-    return statistics.median(times)
 
 
 def setup(b, h, kv, s, d, causal, window, dtype):
