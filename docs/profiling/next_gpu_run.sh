@@ -49,9 +49,10 @@
 #      docs/profiling/matmul_bwd_kernels.py`, its kernels next to cuBLAS's (the profile issue 11
 #      asks for; not yet run), then tune dA / dB where one kernel is the gap.
 #   2. The attention backward's main kernel: 0.85x cuDNN's at MHA D128 full (run 205; 2792 vs
-#      2368 us in run 219). Not its dQ path's passes (runs 218-219, 222-223) nor the tilings;
-#      each consumer warpgroup's five GEMMs a step run one after another (BENCHMARKS.md, "Targets
-#      not reached"): an FA3-style hand-scheduled consumer is what is left.
+#      2368 us in run 219). Not its dQ path's passes (runs 218-219, 222-223) nor the tilings, nor
+#      the schedules tried (BENCHMARKS.md, "Targets not reached"). Its source-level stalls at D128
+#      full first (`bash docs/profiling/next_gpu_run.sh source attention full`; runs 213-214 did
+#      only the windowed kernels).
 #   3. The attention forwards short of 0.95x cuDNN on the H100 (run 212: D128 full 0.94x).
 #   4. Every generated test on the H200 (the acceptance's machine; runs 209-223 were on an H100;
 #      `tests attention gqa attention_sink`, then the other five packages, one call each).
