@@ -8,15 +8,19 @@
     --json PATH: every row printed also written to PATH, with the GPU, versions and date
     --csv PATH: the same rows as CSV, one line each (the case's fields and the metadata as columns)
 
-TFLOP/s with fwd = 4 * B * H * D * (visible query-key pairs) and bwd = 2.5 * fwd; median times of
-back-to-back calls (stream_ms). A baseline that cannot compute this operator (sinks, window) or
-cannot run here prints its reason instead of a number."""
+TFLOP/s with fwd = 4 * B * H * D * (visible query-key pairs) and bwd = 2.5 * fwd. A baseline that
+cannot compute this operator (sinks, window) or cannot run here prints its reason instead of a
+number.
+
+Every time is of back-to-back calls (stream_ms), and the implementations of a case take turns,
+ROUNDS rounds of them, each row the median of its rounds (in_turns)."""
 
 import argparse
 import csv
 import datetime
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -154,6 +158,35 @@ def bench_one(fn, inputs, do):
     return fwd_ms, bwd_ms
 
 
+# Rounds of a case's timings: its implementations take turns, round after round.
+ROUNDS = 3
+
+
+def in_turns(benches, rounds=ROUNDS):
+    """name -> bench_one's numbers for one case, the implementations (name -> a call of
+    bench_one) timed in turns, round after round: (fwd_ms, bwd_ms, ...) with each time the median
+    of its rounds (what follows them from the last round), or the reason it cannot run here (not
+    timed again). A GPU's clock drifts over a run (it settles under its power limit as it warms):
+    timed one after another, whichever goes first looks faster; taking turns, every row sees
+    the same drift."""
+    times, more, failed = {}, {}, {}
+    for _ in range(rounds):
+        for name, bench in benches.items():
+            if name in failed:
+                continue
+            try:
+                fwd_ms, bwd_ms, *more[name] = bench()
+            except Exception as exc:  # a baseline missing on this machine is reported, not fatal
+                failed[name] = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
+                torch.cuda.empty_cache()  # what the failed call allocated, before the next one
+                continue
+            times.setdefault(name, []).append((fwd_ms, bwd_ms))
+    return {
+        name: failed.get(name) or (*(statistics.median(t) for t in zip(*times[name])), *more[name])
+        for name in benches
+    }
+
+
 def main(cases, table, records):
     device = torch.cuda.get_device_name()
     print(f"# attention_sink on {device}, {DTYPE}, layout {LAYOUT}, torch {torch.__version__}")
@@ -166,19 +199,26 @@ def main(cases, table, records):
         case = dict(zip(CASE_FIELDS, shape))
         torch.manual_seed(0)
         inputs, do = make_inputs(batch, heads, kv_heads, seq_len, head_dim)
-        for name, fn in candidates(seq_len, causal, window, kv_heads != heads).items():
+        fns = candidates(seq_len, causal, window, kv_heads != heads)
+        results = in_turns(
+            {
+                name: (lambda fn=fn: bench_one(fn, inputs, do))
+                for name, fn in fns.items()
+                if not isinstance(fn, str)
+            }
+        )
+        for name, fn in fns.items():
             row = f"| {batch} | {heads} | {kv_heads} | {seq_len} | {head_dim} | {causal} | {window} | {name} |"
             if isinstance(fn, str):
                 print(f"{row} {fn} | | | |")
                 records.add(table, case, name, error=fn.removeprefix("n/a: "))
                 continue
-            try:
-                fwd_ms, bwd_ms = bench_one(fn, inputs, do)
-            except Exception as exc:  # a baseline missing on this machine is reported, not fatal
-                reason = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
-                print(f"{row} n/a: {reason} | | | |")
-                records.add(table, case, name, error=reason)
+            result = results[name]
+            if isinstance(result, str):
+                print(f"{row} n/a: {result} | | | |")
+                records.add(table, case, name, error=result)
                 continue
+            fwd_ms, bwd_ms = result
             fwd_tflops, bwd_tflops = fwd_flops / fwd_ms / 1e9, bwd_flops / bwd_ms / 1e9
             print(f"{row} {fwd_ms:.3f} | {fwd_tflops:.1f} | {bwd_ms:.3f} | {bwd_tflops:.1f} |")
             records.timed(table, case, name, fwd_ms, fwd_tflops, bwd_ms, bwd_tflops)

@@ -14,16 +14,19 @@ in plain PyTorch (autograd for its backward), the eager quadratic masked referen
 S x S scores; it may run out of memory at long S, and is then reported as n/a) and, when it is
 installed, flash-linear-attention's Triton kernels (fla.ops.linear_attn.chunk_linear_attn,
 normalize=False: the same operator; fla's legacy fused_chunk path is left out, its first call ran
-over a minute on the H200). Median times of back-to-back calls (stream_ms). A baseline
-that cannot run here prints its reason instead of a number. The last column is each output's
+over a minute on the H200). A baseline that cannot run here prints its reason instead of a
+number. The last column is each output's
 largest difference from opgen's, relative to opgen's largest |o|: every row computes one operator.
-"""
+
+Every time is of back-to-back calls (stream_ms), and the implementations of a case take turns,
+ROUNDS rounds of them, each row the median of its rounds (in_turns)."""
 
 import argparse
 import csv
 import datetime
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -149,6 +152,35 @@ def bench_one(fn, inputs, do):
     return fwd_ms, bwd_ms, o.detach()
 
 
+# Rounds of a case's timings: its implementations take turns, round after round.
+ROUNDS = 3
+
+
+def in_turns(benches, rounds=ROUNDS):
+    """name -> bench_one's numbers for one case, the implementations (name -> a call of
+    bench_one) timed in turns, round after round: (fwd_ms, bwd_ms, ...) with each time the median
+    of its rounds (what follows them from the last round), or the reason it cannot run here (not
+    timed again). A GPU's clock drifts over a run (it settles under its power limit as it warms):
+    timed one after another, whichever goes first looks faster; taking turns, every row sees
+    the same drift."""
+    times, more, failed = {}, {}, {}
+    for _ in range(rounds):
+        for name, bench in benches.items():
+            if name in failed:
+                continue
+            try:
+                fwd_ms, bwd_ms, *more[name] = bench()
+            except Exception as exc:  # a baseline missing on this machine is reported, not fatal
+                failed[name] = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
+                torch.cuda.empty_cache()  # what the failed call allocated, before the next one
+                continue
+            times.setdefault(name, []).append((fwd_ms, bwd_ms))
+    return {
+        name: failed.get(name) or (*(statistics.median(t) for t in zip(*times[name])), *more[name])
+        for name in benches
+    }
+
+
 def main(cases, table, records):
     device = torch.cuda.get_device_name()
     print(f"# linear_attention on {device}, {DTYPE}, torch {torch.__version__}")
@@ -163,16 +195,22 @@ def main(cases, table, records):
         torch.manual_seed(0)
         (q, k, v), do = make_inputs(batch, seq_len, heads, dim_k, dim_v)
         opgen_o = None
-        for name, fn in candidates().items():
+        fns = candidates()
+        results = in_turns(
+            {
+                name: (lambda fn=fn: bench_one(fn, (q, k, v), do))
+                for name, fn in fns.items()
+                if not isinstance(fn, str)
+            }
+        )
+        for name, fn in fns.items():
             row = f"| {batch} | {seq_len} | {heads} | {dim_k} | {dim_v} | {name} |"
-            try:
-                fwd_ms, bwd_ms, o = bench_one(fn, (q, k, v), do)
-            except Exception as exc:  # a baseline that cannot run here is reported, not fatal
-                reason = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
-                print(f"{row} n/a: {reason} | | | | |")
-                records.add(table, case, name, error=reason)
-                torch.cuda.empty_cache()
+            result = results[name]
+            if isinstance(result, str):
+                print(f"{row} n/a: {result} | | | | |")
+                records.add(table, case, name, error=result)
                 continue
+            fwd_ms, bwd_ms, o = result
             opgen_o = o.float() if opgen_o is None else opgen_o
             diff = ((o.float() - opgen_o).abs().max() / opgen_o.abs().max()).item()
             fwd_tflops, bwd_tflops = fwd_flops / fwd_ms / 1e9, bwd_flops / bwd_ms / 1e9
