@@ -44,18 +44,20 @@
 # kept off by default behind [tiling.dsinks] in_preprocess); session 51 an H100 (runs 220-223:
 # dsinks in the preprocess no faster through the whole call, so removed; the attention packages'
 # 276 tests; the preprocess and postprocess at the copy bandwidth at any tiling; dQ by a kernel
-# of its own right and slower everywhere). Left, in order:
-#   1. matmul 8192^3 backward (0.94x cuBLAS on the H100, run 206): `python
-#      docs/profiling/matmul_bwd_kernels.py`, its kernels next to cuBLAS's (the profile issue 11
-#      asks for; not yet run), then tune dA / dB where one kernel is the gap.
-#   2. The attention backward's main kernel: 0.85x cuDNN's at MHA D128 full (run 205; 2792 vs
-#      2368 us in run 219). Not its dQ path's passes (runs 218-219, 222-223) nor the tilings, nor
-#      the schedules tried (BENCHMARKS.md, "Targets not reached"). Its source-level stalls at D128
-#      full first (`bash docs/profiling/next_gpu_run.sh source attention full`; runs 213-214 did
-#      only the windowed kernels).
-#   3. The attention forwards short of 0.95x cuDNN on the H100 (run 212: D128 full 0.94x).
-#   4. Every generated test on the H200 (the acceptance's machine; runs 209-223 were on an H100;
-#      `tests attention gqa attention_sink`, then the other five packages, one call each).
+# of its own right and slower everywhere); session 52 an H100 after five failed starts (runs
+# 224-227: matmul's backward on the GPU is cuBLAS's, 2754 vs 2767 us at 8192^3; the swizzle panels
+# within the drift of the timing order, so the generated benches now take turns; the D128 full
+# backward's SASS stalls). Left, in order:
+#   1. Every generated test on the H200 (the acceptance's machine; runs 209-227 were on H100s;
+#      `tests attention gqa attention_sink`, then the other five packages, one call each; a call can
+#      check `nvidia-smi --query-gpu=name` first and run nothing on an H100).
+#   2. Every family's bench in one call with the benches taking turns (in_turns), on the H200:
+#      `PREBUILD=1 BENCH_TIMEOUT=200 bash docs/profiling/next_gpu_run.sh bench attention gqa
+#      attention_sink rmsnorm scaled_silu swiglu matmul linear_attention` (two calls if they run
+#      past 600 s: three rounds a case take longer than one did).
+#   3. The attention backward's main kernel (0.85x cuDNN's at MHA D128 full): its stalls (run 225)
+#      are GEMM waits (26.6% of the consumers' samples) and the dQ atomics (14.8%); every schedule
+#      tried so far is listed in BENCHMARKS.md, "Targets not reached".
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
