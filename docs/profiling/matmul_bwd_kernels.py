@@ -32,14 +32,19 @@ def kernel_times(out, inputs, grad):
     return totals
 
 
+def square_inputs(n):
+    """a, b [n, n] and bias [n] (bf16, requiring grad) and an upstream gradient [n, n]."""
+    torch.manual_seed(0)
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    return a, b, bias, torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+
+
 def main():
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
     for n in (4096, 8192):
-        torch.manual_seed(0)
-        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        grad = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        a, b, bias, grad = square_inputs(n)
         flops = 2 * 2 * n**3  # dA and dB
         print(f"## bf16 {n}^3, bias on")
         for label, fn in (("opgen", lambda: matmul(a, b, bias)),

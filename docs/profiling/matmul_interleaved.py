@@ -15,6 +15,9 @@ import torch
 
 from generated.matmul import matmul
 
+sys.path.insert(0, os.path.join(os.getcwd(), "docs", "profiling"))
+from matmul_bwd_kernels import square_inputs  # noqa: E402
+
 ROUNDS, REPS = 15, 10
 
 
@@ -31,11 +34,7 @@ def batch_ms(fn):
 def main():
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
     for n in (4096, 8192):
-        torch.manual_seed(0)
-        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        grad = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        a, b, bias, grad = square_inputs(n)
         ours_fn, theirs_fn = (lambda: matmul(a, b, bias)), (lambda: torch.addmm(bias, a, b))
         cases = {
             "fwd": (lambda: ours_fn().detach(), lambda: theirs_fn().detach()),
