@@ -239,29 +239,34 @@ def test_host_rows_take_turns_and_keep_each_best(monkeypatch, tmp_path, capsys):
     assert "| opgen | 25.0 | 19.0 | 150.0 |" in out and "| compiled | n/a: no such backend here | | |" in out
 
 
-def test_case_rows_take_turns_and_keep_each_median(tmp_path):
+def test_case_rows_take_turns_and_keep_each_median():
     """A case's implementations are timed in turn, round after round (in_turns): every row
     sees the same drift of the GPU's clock. Each time is the median of its rounds, what bench_one
-    returns after the times comes from the last round, and an implementation that raises is
-    reported with its reason and not timed again. Made-up times, no GPU."""
+    returns after the times comes from the last round, an implementation that raises is reported
+    with its reason and not timed again, and one that cannot run here (a str) is not called.
+    Made-up times, no GPU."""
     bench = bench_of("linear_attention")
     order = []
     rounds = {"a": iter([(3.0, 9.0, "o1"), (1.0, 7.0, "o2"), (2.0, 8.0, "o3")]),
-              "b": iter([(5.0, 4.0, "p1"), (6.0, 6.0, "p2"), (4.0, 5.0, "p3")]),
-              "broken": iter([])}
+              "b": iter([(5.0, 4.0, "p1"), (6.0, 6.0, "p2"), (4.0, 5.0, "p3")])}
 
-    def timed(name):
-        def call():
-            order.append(name)
-            if name == "broken":
-                raise RuntimeError("no such backend here\nmore")
-            return next(rounds[name])
-        return call
+    def a(): ...
 
-    results = bench.in_turns({name: timed(name) for name in ("a", "broken", "b")}, rounds=3)
+    def b(): ...
+
+    def broken(): ...
+
+    def call(fn):
+        order.append(fn.__name__)
+        if fn is broken:
+            raise RuntimeError("no such backend here\nmore")
+        return next(rounds[fn.__name__])
+
+    fns = {"opgen": a, "compiled": broken, "eager": b, "missing": "n/a: not installed"}
+    results = bench.in_turns(fns, call, rounds=3)
     assert order == ["a", "broken", "b", "a", "b", "a", "b"]
-    assert results == {"a": (2.0, 8.0, "o3"), "broken": "no such backend here", "b": (5.0, 5.0, "p3")}
-    assert list(results) == ["a", "broken", "b"]
+    assert results == {"opgen": (2.0, 8.0, "o3"), "compiled": "no such backend here", "eager": (5.0, 5.0, "p3")}
+    assert list(results) == ["opgen", "compiled", "eager"]
 
 
 @pytest.mark.parametrize("name", ["attention", "linear_attention", "matmul", "rmsnorm", "swiglu"])
@@ -269,5 +274,6 @@ def test_every_bench_times_its_cases_in_turns(name):
     """Each family's main() times a case's candidates through in_turns, ROUNDS rounds."""
     source = (REPO_ROOT / "generated" / name / f"bench_{name}.py").read_text()
     main = source[source.index("def main("):]
-    assert "results = in_turns(" in main and "bench_one(" not in main.replace("lambda fn=fn: bench_one(", "")
+    assert "results = in_turns(fns, lambda fn: bench_one(" in main
+    assert main.count("bench_one(") == 1  # only through in_turns
     assert bench_of(name).ROUNDS == 3

@@ -152,28 +152,30 @@ def bench_one(fn, inputs, do):
 ROUNDS = 3
 
 
-def in_turns(benches, rounds=ROUNDS):
-    """name -> bench_one's numbers for one case, the implementations (name -> a call of
-    bench_one) timed in turns, round after round: (fwd_ms, bwd_ms, ...) with each time the median
-    of its rounds (what follows them from the last round), or the reason it cannot run here (not
-    timed again). A GPU's clock drifts over a run (it settles under its power limit as it warms):
-    timed one after another, whichever goes first looks faster; taking turns, every row sees
-    the same drift."""
-    times, more, failed = {}, {}, {}
+def in_turns(fns, call, rounds=ROUNDS, keep=statistics.median, times=2):
+    """name -> the numbers call(fn) returns for each implementation of fns (name -> fn; a str there
+    says why it cannot run and is left out), the implementations called in turns, round after
+    round: the first `times` numbers each kept by `keep` over the rounds (what follows them from
+    the last round), or the reason the call raised (not made again). A GPU's clock, and a host's
+    speed, drift over a run (a GPU settles under its power limit as it warms): timed one after
+    another, whichever goes first looks faster; taking turns, every row sees the same drift."""
+    runs, more, failed = {}, {}, {}
     for _ in range(rounds):
-        for name, bench in benches.items():
-            if name in failed:
+        for name, fn in fns.items():
+            if isinstance(fn, str) or name in failed:
                 continue
             try:
-                fwd_ms, bwd_ms, *more[name] = bench()
+                numbers = call(fn)
             except Exception as exc:  # a baseline missing on this machine is reported, not fatal
                 failed[name] = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
                 torch.cuda.empty_cache()  # what the failed call allocated, before the next one
                 continue
-            times.setdefault(name, []).append((fwd_ms, bwd_ms))
+            runs.setdefault(name, []).append(numbers[:times])
+            more[name] = numbers[times:]
     return {
-        name: failed.get(name) or (*(statistics.median(t) for t in zip(*times[name])), *more[name])
-        for name in benches
+        name: failed.get(name) or (*map(keep, zip(*runs[name])), *more[name])
+        for name in fns
+        if name in runs or name in failed
     }
 
 
@@ -190,13 +192,7 @@ def main(cases, table, records):
         torch.manual_seed(0)
         inputs, do = make_inputs(batch, heads, kv_heads, seq_len, head_dim)
         fns = candidates(seq_len, causal, window, kv_heads != heads)
-        results = in_turns(
-            {
-                name: (lambda fn=fn: bench_one(fn, inputs, do))
-                for name, fn in fns.items()
-                if not isinstance(fn, str)
-            }
-        )
+        results = in_turns(fns, lambda fn: bench_one(fn, inputs, do))
         for name, fn in fns.items():
             row = f"| {batch} | {heads} | {kv_heads} | {seq_len} | {head_dim} | {causal} | {window} | {name} |"
             if isinstance(fn, str):
@@ -254,17 +250,7 @@ def host_overhead(records, rounds=5):
     round, and each keeps its best: a host's speed drifts by tens of percent over a minute, and
     taking turns lets every row see the same drift."""
     fns, inputs, grad = tiny_case()
-    best, failed = {}, {}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            if isinstance(fn, str) or name in failed:
-                continue
-            try:
-                times = host_round(fn, inputs, grad)
-            except Exception as exc:  # a baseline missing on this machine is reported, not fatal
-                failed[name] = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
-                continue
-            best[name] = tuple(map(min, zip(best.get(name, times), times)))
+    results = in_turns(fns, lambda fn: host_round(fn, inputs, grad), rounds, keep=min, times=3)
     print(
         f"\n# host time per call at a tiny shape ({TINY}), us; best of {rounds} rounds taken in turn"
     )
@@ -272,12 +258,12 @@ def host_overhead(records, rounds=5):
     print("|---|---|---|---|")
     case = {"shape": TINY}
     for name, fn in fns.items():
-        reason = fn.removeprefix("n/a: ") if isinstance(fn, str) else failed.get(name)
-        if reason is not None:
+        reason = fn.removeprefix("n/a: ") if isinstance(fn, str) else results[name]
+        if isinstance(reason, str):
             print(f"| {name} | n/a: {reason} | | |")
             records.add("host overhead", case, name, error=reason)
             continue
-        fwd, evaluated, both = best[name]
+        fwd, evaluated, both = results[name]
         print(f"| {name} | {fwd:.1f} | {evaluated:.1f} | {both:.1f} |")
         records.add("host overhead", case, name, fwd_us=fwd, eval_fwd_us=evaluated, fwd_bwd_us=both)
     records.save()
