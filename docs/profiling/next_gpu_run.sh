@@ -44,7 +44,7 @@
 # kept off by default behind [tiling.dsinks] in_preprocess); session 51 an H100 (runs 220-223:
 # dsinks in the preprocess no faster through the whole call, so removed; the attention packages'
 # 276 tests; the preprocess and postprocess at the copy bandwidth at any tiling; dQ by a kernel
-# of its own right and slower everywhere); session 52 an H100 after five failed starts (runs
+# of its own right and slower everywhere); session 52 an H100 after six failed starts (runs
 # 224-227: matmul's backward on the GPU is cuBLAS's, 2754 vs 2767 us at 8192^3; the swizzle panels
 # within the drift of the timing order, so the generated benches now take turns; the D128 full
 # backward's SASS stalls). Left, in order:
