@@ -221,12 +221,12 @@ def host_overhead(records, rounds=5):
     print("|---|---|---|---|")
     case = {"shape": TINY}
     for name, fn in fns.items():
-        reason = fn.removeprefix("n/a: ") if isinstance(fn, str) else results[name]
-        if isinstance(reason, str):
-            print(f"| {name} | n/a: {reason} | | |")
-            records.add("host overhead", case, name, error=reason)
+        result = fn.removeprefix("n/a: ") if isinstance(fn, str) else results[name]
+        if isinstance(result, str):
+            print(f"| {name} | n/a: {result} | | |")
+            records.add("host overhead", case, name, error=result)
             continue
-        fwd, evaluated, both = results[name]
+        fwd, evaluated, both = result
         print(f"| {name} | {fwd:.1f} | {evaluated:.1f} | {both:.1f} |")
         records.add("host overhead", case, name, fwd_us=fwd, eval_fwd_us=evaluated, fwd_bwd_us=both)
     records.save()
