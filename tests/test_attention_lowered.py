@@ -449,3 +449,19 @@ def test_the_pingpong_forward_compiles_with_no_wgmma_serialized(pingpong_source,
     assert " 0 bytes spill stores" in notes, notes
 
 
+def test_the_pingpong_forward_on_176_key_rows_keeps_its_wgmmas_async(tmp_path):
+    """A key block of 176 rows (not a power of two; a WGMMA's N and K): each warpgroup's 64 x 176
+    fp32 scores fit its 240 registers beside the output, so ptxas neither spills nor serializes
+    the WGMMAs, and two stages of K and V with Q take 208 KB of shared memory."""
+    attention = import_generated("attention", "kernels")
+    source = cuda_source(attention.attention_fwd,
+                         (16, 16, 128, False, 0, "bshd", "float16", 128 ** -0.5),
+                         {**PINGPONG, "block_n": 176})
+    # The scores: 64 x 176 by WGMMAs from shared memory; the output: P (registers) times V.
+    assert "kFloat32, 64, 176, 16, false, false, 1, 1>" in source
+    assert "kFloat32, 64, 128, 16, false, true, 1, 1>" in source
+    notes = ptxas_notes(source, tmp_path)
+    assert not re.search(r"C75\d\d", notes), notes
+    assert " 0 bytes spill stores" in notes, notes
+
+

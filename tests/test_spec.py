@@ -228,6 +228,9 @@ def test_tiling_override_does_not_leak_into_the_defaults(project):
     [
         ("[tiling.fwd]\nblock_m = 48\n", "tiling.fwd.block_m", "power of two >= 16"),
         ("[tiling.fwd]\nblock_n = 8\n", "tiling.fwd.block_n", "power of two >= 16"),
+        ("[tiling.fwd]\nblock_n = 40\n", "tiling.fwd.block_n", "or a multiple of 16 up to 256"),
+        ("[tiling.fwd]\nblock_n = 272\n", "tiling.fwd.block_n", "or a multiple of 16 up to 256"),
+        ("[tiling.bwd]\nblock_n = 48\n", "tiling.bwd.block_n", "must be a power of two >= 16 (got 48)"),
         ("[tiling.bwd]\nthreads = 16\n", "tiling.bwd.threads", "multiple of 32"),
         ("[tiling.bwd]\nthreads = 0\n", "tiling.bwd.threads", "greater than or equal to 32"),
         ("[tiling.bwd]\nthreads = 100\n", "tiling.bwd.threads", "multiple of 32"),
@@ -247,6 +250,13 @@ def test_field_ranges(project, text, field, fragment):
     [(got_field, message)] = problems(project, MINIMAL + text)
     assert got_field == field
     assert fragment in message
+
+
+def test_forward_key_blocks_take_any_wgmma_width(project):
+    """The forward's key rows a step: any multiple of 16 up to 256 a WGMMA takes as N and K
+    (wider key blocks spread a step's softmax reductions and barriers), not just powers of two."""
+    spec = load(project, MINIMAL + "[tiling.fwd]\nblock_m = 128\nblock_n = 176\n")
+    assert spec.tiling.fwd.block_n == 176
 
 
 def test_threads_must_be_whole_warpgroups(project):

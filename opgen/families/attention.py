@@ -65,6 +65,10 @@ Keep = Literal["save", "recompute"]
 LAYOUT_DIMS = {"bshd": "[batch, seq_len, heads, head_dim]", "bhsd": "[batch, heads, seq_len, head_dim]"}
 
 
+# A WGMMA's N: at most 256 columns, in steps of 8 (of 16 for a GEMM's K).
+MAX_WGMMA_N = 256
+
+
 def whole_warpgroup_rows(value: int) -> int:
     if (value >= 16 and not value & (value - 1)) or (value > 0 and value % 64 == 0):
         return value
@@ -83,12 +87,24 @@ class AttentionTiling(GemmTiling):
     blocks_per_sm: Literal[1, 2] = Field(1, exclude_if=lambda v: v == 1)
 
 
+def key_block_rows(value: int) -> int:
+    if value >= 16 and (not value & (value - 1) or (value % 16 == 0 and value <= MAX_WGMMA_N)):
+        return value
+    raise ValueError(f"must be a power of two >= 16 or a multiple of 16 up to {MAX_WGMMA_N} (the "
+                     "widest score tile one WGMMA computes)")
+
+
 class FwdTiling(AttentionTiling):
     """The forward's tiling: AttentionTiling plus the schedule of its key loop."""
 
     # Query rows: besides powers of two, three warpgroups of 64 rows (192 on 384 threads: at
     # head_dim 64 the tensor cores wait less on the softmax, GPU run 86: +9-10% without a mask).
     block_m: Annotated[int, AfterValidator(whole_warpgroup_rows)]
+
+    # Key rows a step: besides powers of two, any multiple of 16 a WGMMA takes as its N (the
+    # scores) and K (the output): a wider step spreads the softmax's row reductions and the
+    # barriers of a step over more keys.
+    block_n: Annotated[int, AfterValidator(key_block_rows)]
 
     # true: the QK^T GEMM of key block s is issued (async WGMMA) next to the PV GEMM of block
     # s - 1 and the softmax of s runs while PV is in flight (GPU run 36: +3-8% at 128x128, two
