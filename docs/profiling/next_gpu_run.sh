@@ -57,8 +57,9 @@
 #      attention_sink rmsnorm scaled_silu swiglu matmul linear_attention` (two calls if they run
 #      past 600 s: three rounds a case take longer than one did).
 #   3. The ping-pong forward on wider key blocks (FlashAttention-3 runs its D128 non-causal forward
-#      on 128 x 176 tiles; the spec takes any multiple of 16 up to 256 since session 53; 176 and 192
-#      compile for sm_90a without spills or serialized WGMMAs): in turns with cuDNN,
+#      on 128 x 176 tiles; the overlapped one at 176 lost in run 84; the spec takes any multiple of
+#      16 up to 256 since session 53; 176 and 192 compile for sm_90a without spills or serialized
+#      WGMMAs): in turns with cuDNN,
 #      `CONFIGS="pingpong 128x128 s2,pingpong 128x160 s2,pingpong 128x176 s2,pingpong 128x192 s2"
 #      ROUNDS=5 ODD_D=128 CASES="4,16,16,4096,128,0,float16;4,16,16,4096,128,1,float16;2,32,8,4096,
 #      128,0,bfloat16;2,32,8,4096,128,1,bfloat16" python docs/profiling/fwd_schedule_probe.py`
