@@ -64,10 +64,10 @@
 #      ROUNDS=5 ODD_D=128 CASES="4,16,16,4096,128,0,float16;4,16,16,4096,128,1,float16;2,32,8,4096,
 #      128,0,bfloat16;2,32,8,4096,128,1,bfloat16" python docs/profiling/fwd_schedule_probe.py`
 #      (D128 full is 0.93-0.94x cuDNN, target 0.95x); where a width wins, a copy with it
-#      (`SPEC_EDIT='87s/block_n = 128/block_n = 176/' bash docs/profiling/render_copies.sh - bn176
-#      attention`, line 87 being the D128 full entry's fwd) through `tests attention_bn176`, then
-#      the entry set by hand in specs/attention.toml and specs/gqa.toml (its line 96) with a comment
-#      naming the run.
+#      (`SPEC_EDIT='88s/block_n = 128/block_n = 176/' bash docs/profiling/render_copies.sh - bn176
+#      attention`, line 88 being the D128 full entry's fwd) through `tests attention_bn176`, then
+#      the entry set by hand in specs/attention.toml and specs/gqa.toml (its line 85: the
+#      overlapped forward there today, so pingpong = true with it) with a comment naming the run.
 #   4. The attention backward's main kernel (0.85x cuDNN's at MHA D128 full): its stalls (run 225)
 #      are GEMM waits (26.6% of the consumers' samples) and the dQ atomics (14.8%); every schedule
 #      tried so far is listed in BENCHMARKS.md, "Targets not reached".
