@@ -11,14 +11,15 @@ here by the shipped kernel's atomics). More queries a step: fewer steps, each wi
 (the pipeline's barriers, dS's exchange through shared memory), and 25% more work for the
 tensor cores between them; the price is registers (the scores and dP tiles grow to 40 a thread).
 
-The dQ accumulator here is plain (fp32, [batch, padded rows, heads, dim], row-major), so the
-shipped postprocess (which reads the atomics' fragment order) does not apply: the probe below
-scales and compares it itself. CPU (session 53): `python docs/profiling/bwd_swapped_dq.py ptxas`
+The dQ accumulator here (fp32, [batch, padded rows, heads, dim]) is row-major or in the
+transposed GEMM's fragment order (fragment_dq), not the shipped kernel's, so the shipped
+postprocess does not apply: the probe below reorders, scales and compares it itself. CPU (session 53): `python docs/profiling/bwd_swapped_dq.py ptxas`
 (ptxas's registers, spills and WGMMA notes): at D128, full and causal, 64 and 80 query rows
-compile without spills or serialized WGMMAs; 96 spills 256-284 bytes.
+compile without spills or serialized WGMMAs, with either dQ layout; 96 spills 256-284 bytes.
+row_major's undoing of fragment_layout checked on the CPU against an element-by-element scatter.
 GPU: `python docs/profiling/bwd_swapped_dq.py` checks dQ, dK, dV against float64 at odd lengths,
 then times the main kernel at B16 H4 S4096 D128 (the bench's B4 H16 in work) against the shipped
-one, in turns (WIDTHS=64,80 the query steps tried, ROUNDS=5).
+one, in turns (WIDTHS=64,80 the query steps tried, ROUNDS=5, DQ_LAYOUT=fragment or rowmajor).
 """
 import os
 import sys
@@ -30,13 +31,33 @@ from generated.attention.kernels import (ACCUM, LOG2E, _indexers, _input, _needs
                                          _visibility, padded_dim, runtime_dims)
 
 
+def fragment_layout(b, l, h, d):
+    # The shipped accumulator's 8x8 fragment order with rows and columns swapped: a thread of the
+    # transposed GEMM holds two adjacent queries of one dim row; lane t adds at 4 * (d % 8) +
+    # (l % 8) // 2 = t for a fixed pair slot l % 2.
+    return [b, l // 8, h, d // 8, l % 2, 4 * (d % 8) + (l % 8) // 2]
+
+
+def row_major(dq, fragment_dq):
+    """The accumulator [b, padded rows, h, d] in row-major order (undoing fragment_layout)."""
+    if not fragment_dq:
+        return dq
+    b, rows, h, d = dq.shape
+    # physical [b, rows/8, h, d/8, l%2, d%8, (l%8)//2] -> [b, rows/8, (l%8)//2, l%2, h, d/8, d%8]
+    phys = dq.reshape(b, rows // 8, h, d // 8, 2, 8, 4)
+    return phys.permute(0, 1, 6, 4, 2, 3, 5).reshape(b, rows, h, d)
+
+
 @tilelang.jit(
     pass_configs={
         tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
         tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True,
     }
 )
-def bwd_swapped(heads, dim, causal, dtype, softmax_scale, block_m, block_n, threads, num_stages):
+def bwd_swapped(heads, dim, causal, dtype, softmax_scale, block_m, block_n, threads, num_stages,
+                fragment_dq=False):
+    """fragment_dq: the accumulator in the transposed GEMM's 8x8 fragment order (fragment_layout),
+    so that each atomic instruction of a warp adds 32 consecutive floats; else row-major."""
     batch, seq_len = runtime_dims()
     scale = softmax_scale * LOG2E
     layout = "bshd"
@@ -78,6 +99,8 @@ def bwd_swapped(heads, dim, causal, dtype, softmax_scale, block_m, block_n, thre
             dk_shared = T.alloc_shared([block_m, dim], dtype)
             lse_shared = T.alloc_shared([block_n], ACCUM)
             delta = T.alloc_shared([block_n], ACCUM)
+            if fragment_dq:
+                T.annotate_layout({dQ: T.Layout(dQ.shape, fragment_layout)})
             T.copy(rows(K, bz, bx, by * block_m, block_m), K_shared)
             T.copy(rows(V, bz, bx, by * block_m, block_m), V_shared)
             T.clear(dv)
@@ -184,6 +207,8 @@ def probe():
 
     dtype_name, dtype = "float16", torch.float16
     widths = [int(n) for n in os.environ.get("WIDTHS", "64,80").split(",")]
+    fragment_dq = os.environ.get("DQ_LAYOUT", "fragment") == "fragment"
+    print(f"# dQ accumulator {'in fragment order' if fragment_dq else 'row-major'} (DQ_LAYOUT)")
     print("# correctness: max |error| / max |reference| of dq, dk, dv (swapped kernels, and the "
           "package's public function for scale)")
     # Four heads everywhere: heads is a factory argument, and each new count builds new kernels.
@@ -198,10 +223,12 @@ def probe():
                             for g, r in zip(got, ref))
 
         for width in widths:
-            kernel = bwd_swapped(h, 128, causal, dtype_name, 128 ** -0.5, 128, width, 256, 2)
+            kernel = bwd_swapped(h, 128, causal, dtype_name, 128 ** -0.5, 128, width, 256, 2,
+                                 fragment_dq)
             dq = torch.zeros(b, A.padded_rows(s), h, 128, device="cuda")
             dk, dv = torch.empty_like(q), torch.empty_like(q)
             kernel(q, k, v, do, lse, delta, dq, dk, dv)
+            dq = row_major(dq, fragment_dq)
             print(f"B{b} H{h} S{s} {'causal' if causal else 'full'} swapped 128x{width}: "
                   f"{rel([dq[:, :s] * 128 ** -0.5, dk, dv])}", flush=True)
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
@@ -220,7 +247,8 @@ def probe():
         shipped = A.launcher(calls["bwd"])
         fns = {"shipped": lambda: shipped(q, k, v, do, lse, delta, dq, dk, dv)}
         for width in widths:
-            kernel = bwd_swapped(h, 128, causal, dtype_name, 128 ** -0.5, 128, width, 256, 2)
+            kernel = bwd_swapped(h, 128, causal, dtype_name, 128 ** -0.5, 128, width, 256, 2,
+                                 fragment_dq)
             fns[f"swapped 128x{width}"] = lambda kernel=kernel: kernel(q, k, v, do, lse, delta, dq, dk, dv)
         times = {name: [] for name in fns}
         for _ in range(rounds):
