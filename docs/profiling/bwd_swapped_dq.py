@@ -6,15 +6,17 @@ over the two consumer warpgroups; a WGMMA's M is 64 rows a warpgroup, so block_n
 (TileLang: "M=80, N=128 cannot be evenly covered by 8 warps"). Computed transposed, dQ^T =
 K^T dS, [dim, block_n], the warpgroups split dim (64 rows each at D128) and block_n is the
 WGMMA's N, any multiple of 16: FlashAttention-3 runs its D128 non-causal backward on 80 query
-rows a step that way (its dQ tiles then go out by bulk reduce-adds that a producer warp issues;
-here by the shipped kernel's atomics). More queries a step: fewer steps, each with the same fixed costs
-(the pipeline's barriers, dS's exchange through shared memory), and 25% more work for the
-tensor cores between them; the price is registers (the scores and dP tiles grow to 40 a thread).
+rows a step that way (its dQ tiles then go out by bulk reduce-adds that a producer warp
+issues; here by the shipped kernel's atomics). More queries a step: fewer steps, each with the
+same fixed costs (the pipeline's barriers, dS's exchange through shared memory), and 25% more
+work for the tensor cores between them; the price is registers (the scores and dP tiles grow to
+40 a thread).
 
 The dQ accumulator here (fp32, [batch, padded rows, heads, dim]) is row-major or in the
 transposed GEMM's fragment order (fragment_dq), not the shipped kernel's, so the shipped
-postprocess does not apply: the probe below reorders, scales and compares it itself. CPU (session 53): `python docs/profiling/bwd_swapped_dq.py ptxas`
-(ptxas's registers, spills and WGMMA notes): at D128, full and causal, 64 and 80 query rows
+postprocess does not apply: the probe below reorders, scales and compares it itself.
+CPU (session 53): `python docs/profiling/bwd_swapped_dq.py ptxas` (ptxas's registers, spills and
+WGMMA notes): at D128, full and causal, 64 and 80 query rows
 compile without spills or serialized WGMMAs, with either dQ layout; 96 spills 256-284 bytes.
 row_major's undoing of fragment_layout checked on the CPU against an element-by-element scatter.
 GPU: `python docs/profiling/bwd_swapped_dq.py` checks dQ, dK, dV against float64 at odd lengths,
