@@ -463,5 +463,3 @@ def test_the_pingpong_forward_on_176_key_rows_keeps_its_wgmmas_async(tmp_path):
     notes = ptxas_notes(source, tmp_path)
     assert not re.search(r"C75\d\d", notes), notes
     assert " 0 bytes spill stores" in notes, notes
-
-

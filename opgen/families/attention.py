@@ -76,6 +76,13 @@ def whole_warpgroup_rows(value: int) -> int:
                      "consumer warpgroup)")
 
 
+def key_block_rows(value: int) -> int:
+    if value >= 16 and (not value & (value - 1) or (value % 16 == 0 and value <= MAX_WGMMA_N)):
+        return value
+    raise ValueError(f"must be a power of two >= 16 or a multiple of 16 up to {MAX_WGMMA_N} (the "
+                     "widest score tile one WGMMA computes)")
+
+
 class AttentionTiling(GemmTiling):
     """A fwd/bwd tiling: GemmTiling plus how many blocks share an SM."""
 
@@ -85,13 +92,6 @@ class AttentionTiling(GemmTiling):
     # registers fill it). Left out of the tiling (and the spec's hash) when 1. At three blocks
     # (80 registers a thread) the backward's dK and dV accumulators spill.
     blocks_per_sm: Literal[1, 2] = Field(1, exclude_if=lambda v: v == 1)
-
-
-def key_block_rows(value: int) -> int:
-    if value >= 16 and (not value & (value - 1) or (value % 16 == 0 and value <= MAX_WGMMA_N)):
-        return value
-    raise ValueError(f"must be a power of two >= 16 or a multiple of 16 up to {MAX_WGMMA_N} (the "
-                     "widest score tile one WGMMA computes)")
 
 
 class FwdTiling(AttentionTiling):
