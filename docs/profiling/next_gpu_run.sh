@@ -47,8 +47,9 @@
 # of its own right and slower everywhere); session 52 an H100 after six failed starts (runs
 # 224-227: matmul's backward on the GPU is cuBLAS's, 2754 vs 2767 us at 8192^3; the swizzle panels
 # within the drift of the timing order, so the generated benches now take turns; the D128 full
-# backward's SASS stalls); session 53 none (seven failed starts, 631 of its 1800 s, then loans
-# paused); it readied the ping-pong forward on 176-192 key rows (item 3). Left, in order:
+# backward's SASS stalls); session 53 none (ten failed starts, ~900 of its 1800 s, and loans
+# paused between them); it readied the ping-pong forward on 176-192 key rows (item 3) and an
+# 80-row backward (item 4). Left, in order:
 #   1. Every generated test on the H200 (the acceptance's machine; runs 209-227 were on H100s;
 #      `tests attention gqa attention_sink`, then the other five packages, one call each; a call can
 #      check `nvidia-smi --query-gpu=name` first and run nothing on an H100).
