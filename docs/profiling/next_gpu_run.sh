@@ -47,7 +47,7 @@
 # of its own right and slower everywhere); session 52 an H100 after six failed starts (runs
 # 224-227: matmul's backward on the GPU is cuBLAS's, 2754 vs 2767 us at 8192^3; the swizzle panels
 # within the drift of the timing order, so the generated benches now take turns; the D128 full
-# backward's SASS stalls); session 53 none (ten failed starts, ~900 of its 1800 s, and loans
+# backward's SASS stalls); session 53 none (eleven failed starts, ~990 of its 1800 s, and loans
 # paused between them); it readied the ping-pong forward on 176-192 key rows (item 3) and an
 # 80-row backward (item 4). Left, in order:
 #   1. Every generated test on the H200 (the acceptance's machine; runs 209-227 were on H100s;
