@@ -252,11 +252,10 @@ def probe():
             kernel = bwd_swapped(h, 128, causal, dtype_name, 128 ** -0.5, 128, width, 256, 2,
                                  fragment_dq)
             fns[f"swapped 128x{width}"] = lambda kernel=kernel: kernel(q, k, v, do, lse, delta, dq, dk, dv)
-        times = {name: [] for name in fns}
-        for _ in range(rounds):
-            for name, fn in fns.items():
-                times[name].append(B.stream_ms(fn))
-        row = ", ".join(f"{name} {sorted(t)[len(t) // 2]:.3f}" for name, t in times.items())
+        # The bench's own turn-taking: each row the median of its rounds.
+        ms = B.in_turns(fns, lambda fn: (B.stream_ms(fn),), rounds=rounds, times=1)
+        row = ", ".join(f"{name} {t[0]:.3f}" if isinstance(t, tuple) else f"{name} {t}"
+                        for name, t in ms.items())
         print(f"B{b} H{h} S{s} D128 {'causal' if causal else 'full'} (shipped tiling "
               f"{calls['bwd'][2]}): {row}", flush=True)
 

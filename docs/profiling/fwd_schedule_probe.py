@@ -117,8 +117,8 @@ for b, h, kv, s, d, c, dt in ODD:
         print(f"{'ok ' if ok else 'BAD'} {name:18s} B{b} H{h}/{kv} S{s} D{d} causal={c} {dt}: O {do:.2e} lse {dl:.2e}", flush=True)
 print("all correct" if not bad else f"{bad} WRONG")
 
-# ROUNDS=n: every column of a case timed in turns, n rounds, each cell the median of its n times
-# (a kernel timed first in a process reads faster than the same kernel timed later: run 226).
+# ROUNDS=n: every column of a case timed in turns (the bench's in_turns), n rounds, each cell the
+# median of its n times (a kernel timed first in a process reads faster than later: run 226).
 ROUNDS = int(os.environ.get("ROUNDS", "1"))
 print(f"| case | committed | " + " | ".join(CONFIGS) + f" | cuDNN | flash |  (TF/s, median of {ROUNDS} rounds)")
 print("|---" * (4 + len(CONFIGS)) + "|")
@@ -126,27 +126,20 @@ for b, h, kv, s, d, c, dt in CASES:
     q, k, v = inputs(b, h, kv, s, d, dt)
     flops = 4 * b * h * d * (s * (s + 1) / 2 if c else s * s)
     entries = [A.launcher(committed_calls(h, kv, d, c, dt)["fwd"])] + [built[(n, h, kv, d, c, dt)] for n in CONFIGS]
-    calls = []
-    for entry in entries:
+    fns = {}  # column -> a call, or why it cannot run (B.in_turns leaves those out)
+    for i, entry in enumerate(entries):
         if isinstance(entry, str):
-            calls.append(None); continue
+            fns[i] = "failed"; continue
         o = torch.empty_like(q); lse = torch.empty(b, h, pad8(s), device="cuda")
-        calls.append(lambda entry=entry, o=o, lse=lse: entry(q, k, v, o, lse))
+        fns[i] = lambda entry=entry, o=o, lse=lse: entry(q, k, v, o, lse)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
         def sdpa(backend=backend):
             with sdpa_kernel(backend):
                 return Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=c, enable_gqa=h != kv)
-        try:
-            sdpa()
-            calls.append(sdpa)
-        except Exception:
-            calls.append(None)
-    times = [[] for _ in calls]
-    for _ in range(ROUNDS):
-        for i, call in enumerate(calls):
-            if call is not None:
-                times[i].append(B.stream_ms(call))
-    row = ["n/a" if not t else f"{flops / sorted(t)[len(t) // 2] / 1e9:.0f}" for t in times]
+        fns[len(fns)] = sdpa  # a backend missing here raises in its first turn: reported "n/a"
+    ms = B.in_turns(fns, lambda fn: (B.stream_ms(fn),), rounds=ROUNDS, times=1)
+    row = [f"{flops / ms[i][0] / 1e9:.0f}" if isinstance(ms.get(i), tuple)
+           else "failed" if fns[i] == "failed" else "n/a" for i in fns]
     print(f"| B{b} H{h}/{kv} S{s} D{d} {'causal' if c else 'full'} {dt} | " + " | ".join(row) + " |", flush=True)
 print(f"done in {time.perf_counter() - T0:.0f} s")

@@ -73,8 +73,8 @@
 #      are GEMM waits (26.6% of the consumers' samples) and the dQ atomics (14.8%); every schedule
 #      tried so far is listed in BENCHMARKS.md, "Targets not reached". Not yet tried: 80 query rows
 #      a step with dQ computed transposed (FlashAttention-3's D128 backward tile; session 53,
-#      `python docs/profiling/bwd_swapped_dq.py`: right at odd lengths, then the main kernel in
-#      turns with the shipped one, ~2 min).
+#      `python docs/profiling/bwd_swapped_dq.py`: checked against float64 at odd lengths, then
+#      its main kernel in turns with the shipped one, ~2 min).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
