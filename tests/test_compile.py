@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from opgen.compile import compile_all
-from opgen.families.attention import BwdTiling, smem_bytes
+from opgen.families.attention import BwdTiling, FwdTiling, smem_bytes
+from opgen.families.attention_launch import paired_tiling
 from opgen.output import write
 from opgen.plan import SM90_SMEM_LIMIT, CompileJob
 from opgen.render import generate
@@ -250,6 +251,20 @@ def test_paired_forward_estimate():
     assert smem_bytes("fwd", two, 128, paired=True) == 229376 <= SM90_SMEM_LIMIT
     three = GemmTiling(block_m=128, block_n=128, threads=256, num_stages=3)
     assert smem_bytes("fwd", three, 128) <= SM90_SMEM_LIMIT < smem_bytes("fwd", three, 128, paired=True)
+
+
+def test_the_paired_forward_keeps_its_key_blocks_at_128_rows():
+    """A forward of 192-row key blocks fits (224 KB at D128) while its paired kernel, holding Q per
+    stage, would not (288 KB): the paired tiling caps block_n, and the estimate counts the cap."""
+    wide = FwdTiling(block_m=128, block_n=192, threads=256, num_stages=2, pingpong=True)
+    two = GemmTiling(block_m=128, block_n=128, threads=256, num_stages=2)
+    assert smem_bytes("fwd", wide, 128) == 229376
+    assert smem_bytes("fwd", wide, 128, paired=True) == smem_bytes("fwd", two, 128, paired=True)
+    tiling = {"block_m": 128, "block_n": 192, "threads": 256, "num_stages": 2, "pingpong": True}
+    assert paired_tiling(tiling) == {"block_m": 128, "block_n": 128, "threads": 256,
+                                     "num_stages": 2, "pair_blocks": True}
+    narrow = {**tiling, "block_n": 64}
+    assert paired_tiling(narrow)["block_n"] == 64
 
 
 def test_bulk_dq_estimate_counts_the_staged_tile():

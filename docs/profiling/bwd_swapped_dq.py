@@ -68,6 +68,7 @@ def bwd_swapped(heads, dim, causal, dtype, softmax_scale, block_m, block_n, thre
     rows, elem, _ = _indexers(layout)
     visible = _visibility(seq_len, causal, 0)
     needs_mask = _needs_mask(seq_len, causal, 0)
+    stat_rows = -(-block_n // 32) * 32
 
     @T.prim_func
     def bwd(
@@ -99,8 +100,11 @@ def bwd_swapped(heads, dim, causal, dtype, softmax_scale, block_m, block_n, thre
             dqT = T.alloc_fragment([dim, block_n], ACCUM)
             dv_shared = T.alloc_shared([block_m, dim], dtype)
             dk_shared = T.alloc_shared([block_m, dim], dtype)
-            lse_shared = T.alloc_shared([block_n], ACCUM)
-            delta = T.alloc_shared([block_n], ACCUM)
+            # lse and Delta rows by TMA, whose shared destination must be 128-byte aligned in
+            # every pipeline stage: whole 32-float rows (80 queries would leave the second
+            # stage's at 320 bytes: "misaligned address", run 228).
+            lse_shared = T.alloc_shared([stat_rows], ACCUM)
+            delta = T.alloc_shared([stat_rows], ACCUM)
             if fragment_dq:
                 T.annotate_layout({dQ: T.Layout(dQ.shape, fragment_layout)})
             T.copy(rows(K, bz, bx, by * block_m, block_m), K_shared)
@@ -114,7 +118,7 @@ def bwd_swapped(heads, dim, causal, dtype, softmax_scale, block_m, block_n, thre
                 T.copy(rows(Q, bz, bx, k * block_n, block_n), q)
                 T.clear(qkT)
                 T.gemm(K_shared, q, qkT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(lse[bz, bx, k * block_n : (k + 1) * block_n], lse_shared)
+                T.copy(lse[bz, bx, k * block_n : k * block_n + stat_rows], lse_shared)
                 for i, j in T.Parallel(block_m, block_n):
                     qkT[i, j] = T.exp2(qkT[i, j] * scale - lse_shared[j])
                 if needs_mask(k * block_n, block_n, by * block_m, block_m):
@@ -127,7 +131,7 @@ def bwd_swapped(heads, dim, causal, dtype, softmax_scale, block_m, block_n, thre
                 T.gemm(V_shared, do, dsT, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 T.copy(qkT, qkT_cast)
                 T.gemm(qkT_cast, do, dv, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(Delta[bz, bx, k * block_n : (k + 1) * block_n], delta)
+                T.copy(Delta[bz, bx, k * block_n : k * block_n + stat_rows], delta)
                 for i, j in T.Parallel(block_m, block_n):
                     dsT_cast[i, j] = qkT[i, j] * (dsT[i, j] - delta[j])
                 T.gemm(dsT_cast, q, dk, policy=T.GemmWarpPolicy.FullRow)

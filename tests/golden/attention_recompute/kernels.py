@@ -131,6 +131,10 @@ def _needs_mask(seq_len, causal, window, check_queries=True):
 
 # Causal forward grids of at most this many query blocks pair them (pairs_query_blocks).
 PAIRED_MAX_QUERY_BLOCKS = 16
+# The paired kernel holds Q once per stage besides K and V, so its key blocks stay at most this
+# many rows whatever the forward's are (at head dim 128 and two stages, 192 would need 288 KB of
+# shared memory).
+PAIRED_MAX_BLOCK_N = 128
 
 
 def has_paired_forward(causal, window):
@@ -152,10 +156,11 @@ def pairs_query_blocks(causal, window, seq_len, block_m):
 
 
 def paired_tiling(tiling):
-    """The paired forward's tiling: the forward's own, with pair_blocks=True. The paired kernel
-    runs the plain schedule, so overlap and pingpong are left out (of its cache key too)."""
+    """The paired forward's tiling: the forward's own, with pair_blocks=True and block_n at most
+    PAIRED_MAX_BLOCK_N. The paired kernel runs the plain schedule, so overlap and pingpong are left
+    out (of its cache key too)."""
     paired = {key: value for key, value in tiling.items() if key not in ("overlap", "pingpong")}
-    return {**paired, "pair_blocks": True}
+    return {**paired, "block_n": min(tiling["block_n"], PAIRED_MAX_BLOCK_N), "pair_blocks": True}
 
 
 # Rows of a dQ tile that one bulk reduce-add carries (a bwd tiling with bulk_dq).
