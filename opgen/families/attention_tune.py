@@ -21,7 +21,8 @@ from opgen.tune import Candidate
 # phase's own keys of PHASE_SPACE (which override SEARCH_SPACE's). The rules keep block_m = 64 *
 # threads / 128 (or 64-192 rows on one warpgroup), the shared memory under 227 KB and the
 # overlapped and ping-pong forwards on 256 threads. The forward also tries three consumer
-# warpgroups of 64 query rows (192 x block_n on 384 threads). Not timed (the rules accept them,
+# warpgroups of 64 query rows (192 x block_n on 384 threads) and key blocks of 192 rows (the
+# ping-pong forward's fastest at head dim 128, GPU run 228). Not timed (the rules accept them,
 # and a spec's own tiling is timed whatever it is): one warpgroup of 128 threads over more than 64
 # rows, which was 1.38-2.85x slower than the winner at all 46 (spec, head dim, mask, phase) tuned
 # on the H200 in runs 34-94 (each such block had the SM to itself). One warpgroup of 64 rows is
@@ -37,7 +38,8 @@ SEARCH_SPACE = {
     "num_stages": (1, 2),
     "blocks_per_sm": (1, 2),
 }
-PHASE_SPACE = {"fwd": {"block_m": (64, 128, 192), "threads": (128, 256, 384),
+PHASE_SPACE = {"fwd": {"block_m": (64, 128, 192), "block_n": (32, 64, 128, 192),
+                       "threads": (128, 256, 384),
                        "overlap": (False, True), "pingpong": (False, True),
                        "blocks_per_sm": (1, 2, 3, 4)},
                "bwd": {"bulk_dq": (False, True), "descending": (False, True)}}
