@@ -48,33 +48,23 @@
 # 224-227: matmul's backward on the GPU is cuBLAS's, 2754 vs 2767 us at 8192^3; the swizzle panels
 # within the drift of the timing order, so the generated benches now take turns; the D128 full
 # backward's SASS stalls); session 53 none (eleven failed starts, ~990 of its 1800 s, and loans
-# paused between them); it readied the ping-pong forward on 176-192 key rows (item 3) and an
-# 80-row backward (item 4). Left, in order:
-#   1. Every generated test on the H200 (the acceptance's machine; runs 209-227 were on H100s;
-#      `tests attention gqa attention_sink`, then the other five packages, one call each; a call can
-#      check `nvidia-smi --query-gpu=name` first and run nothing on an H100).
+# paused between them); it readied the ping-pong forward on 176-192 key rows and an 80-row
+# backward; session 54 an H100 twice after five failed starts (runs 228-229: 192 key rows the
+# fastest D128 forward, landed in attention, gqa and attention_sink; the 80-row backward right
+# and no faster). Left, in order:
+#   1. Every generated test on the H200 (the acceptance's machine; runs 209-229 were on H100s;
+#      the 192-row D128 forwards since session 54 have run through the probes' odd-length checks
+#      only, not the package tests: `tests attention gqa attention_sink`, then the other five
+#      packages, one call each; a call can check `nvidia-smi --query-gpu=name` first and run
+#      nothing on an H100).
 #   2. Every family's bench in one call with the benches taking turns (in_turns), on the H200:
 #      `PREBUILD=1 BENCH_TIMEOUT=200 bash docs/profiling/next_gpu_run.sh bench attention gqa
 #      attention_sink rmsnorm scaled_silu swiglu matmul linear_attention` (two calls if they run
 #      past 600 s: three rounds a case take longer than one did).
-#   3. The ping-pong forward on wider key blocks (FlashAttention-3 runs its D128 non-causal forward
-#      on 128 x 176 tiles; the overlapped one at 176 lost in run 84; the spec takes any multiple of
-#      16 up to 256 since session 53; 176 and 192 compile for sm_90a without spills or serialized
-#      WGMMAs): in turns with cuDNN,
-#      `CONFIGS="pingpong 128x128 s2,pingpong 128x160 s2,pingpong 128x176 s2,pingpong 128x192 s2"
-#      ROUNDS=5 ODD_D=128 CASES="4,16,16,4096,128,0,float16;4,16,16,4096,128,1,float16;2,32,8,4096,
-#      128,0,bfloat16;2,32,8,4096,128,1,bfloat16" python docs/profiling/fwd_schedule_probe.py`
-#      (D128 full is 0.93-0.94x cuDNN, target 0.95x); where a width wins, a copy with it
-#      (`SPEC_EDIT='88s/block_n = 128/block_n = 176/' bash docs/profiling/render_copies.sh - bn176
-#      attention`, line 88 being the D128 full entry's fwd) through `tests attention_bn176`, then
-#      the entry set by hand in specs/attention.toml and specs/gqa.toml (its line 85: the
-#      overlapped forward there today, so pingpong = true with it) with a comment naming the run.
-#   4. The attention backward's main kernel (0.85x cuDNN's at MHA D128 full): its stalls (run 225)
+#   3. The attention backward's main kernel (0.85x cuDNN's at MHA D128 full): its stalls (run 225)
 #      are GEMM waits (26.6% of the consumers' samples) and the dQ atomics (14.8%); every schedule
-#      tried so far is listed in BENCHMARKS.md, "Targets not reached". Not yet tried: 80 query rows
-#      a step with dQ computed transposed (FlashAttention-3's D128 backward tile; session 53,
-#      `python docs/profiling/bwd_swapped_dq.py`: checked against float64 at odd lengths, then
-#      its main kernel in turns with the shipped one, ~2 min).
+#      tried so far is listed in BENCHMARKS.md, "Targets not reached" (the 80-row step with dQ
+#      transposed too, run 229).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
