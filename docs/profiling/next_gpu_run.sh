@@ -50,13 +50,18 @@
 # backward's SASS stalls); session 53 none (eleven failed starts, ~990 of its 1800 s, and loans
 # paused between them); it readied the ping-pong forward on 176-192 key rows and an 80-row
 # backward; session 54 an H100 twice after five failed starts (runs 228-229: 192 key rows the
-# fastest D128 forward, landed in attention, gqa and attention_sink; the 80-row backward right
-# and no faster). Left, in order:
+# fastest D128 forward, landed in attention and gqa; the 80-row backward right and no faster;
+# no device time left for the tests). Left, in order:
 #   1. Every generated test on the H200 (the acceptance's machine; runs 209-229 were on H100s;
 #      the 192-row D128 forwards since session 54 have run through the probes' odd-length checks
 #      only, not the package tests: `tests attention gqa attention_sink`, then the other five
 #      packages, one call each; a call can check `nvidia-smi --query-gpu=name` first and run
-#      nothing on an H100).
+#      nothing on an H100). Then attention_sink's D128 entries (line 98, overlapped, and 111) on
+#      128 x 192 ping-pong tiles as attention's and gqa's (run 229: causal 0.476-0.483 ms against
+#      0.476-0.498; left at 128 until its tests run at 192): a copy
+#      (`SPEC_EDIT='98s/block_n = 128, threads = 256, num_stages = 2, overlap/block_n = 192,
+#      threads = 256, num_stages = 2, pingpong/;111s/block_n = 128/block_n = 192/' bash
+#      docs/profiling/render_copies.sh - bn192 attention_sink`) through `tests attention_sink_bn192`.
 #   2. Every family's bench in one call with the benches taking turns (in_turns), on the H200:
 #      `PREBUILD=1 BENCH_TIMEOUT=200 bash docs/profiling/next_gpu_run.sh bench attention gqa
 #      attention_sink rmsnorm scaled_silu swiglu matmul linear_attention` (two calls if they run
