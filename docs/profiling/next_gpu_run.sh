@@ -70,6 +70,12 @@
 #      are GEMM waits (26.6% of the consumers' samples) and the dQ atomics (14.8%); every schedule
 #      tried so far is listed in BENCHMARKS.md, "Targets not reached" (the 80-row step with dQ
 #      transposed too, run 229).
+#   4. The D64 forwards on the ping-pong forward's wider key blocks (D64 full ships 192 x 128 on
+#      three warpgroups; on the CPU, session 54, the ping-pong forward at 128 x 192 compiles
+#      without spills at D64, 128 x 256 and 192 x 192 on three warpgroups spill):
+#      `CONFIGS="pingpong 128x128 s2,pingpong 128x192 s2" ROUNDS=5 ODD_D=64
+#      CASES="8,16,16,2048,64,0,float16;8,16,16,2048,64,1,float16;4,16,16,4096,64,0,float16;4,16,16,4096,64,1,float16"
+#      python docs/profiling/fwd_schedule_probe.py` (D64 full 0.93-0.97x cuDNN).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
