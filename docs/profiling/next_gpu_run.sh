@@ -58,7 +58,8 @@
 #      packages, one call each; a call can check `nvidia-smi --query-gpu=name` first and run
 #      nothing on an H100). Then attention_sink's D128 entries (line 98, overlapped, and 111) on
 #      128 x 192 ping-pong tiles as attention's and gqa's (run 229: causal 0.476-0.483 ms against
-#      0.476-0.498; left at 128 until its tests run at 192): a copy
+#      0.476-0.498; its forward at 128 x 192 compiles without spills, full and causal; left at
+#      128 until its tests run at 192): a copy
 #      (`SPEC_EDIT='98s/block_n = 128, threads = 256, num_stages = 2, overlap/block_n = 192,
 #      threads = 256, num_stages = 2, pingpong/;111s/block_n = 128/block_n = 192/' bash
 #      docs/profiling/render_copies.sh - bn192 attention_sink`) through `tests attention_sink_bn192`.
