@@ -16,9 +16,9 @@ from pydantic import AfterValidator, Field, StrictBool
 
 from opgen.families import attention_launch
 from opgen.families.attention_launch import (DQ_TILE, PAIRED_MAX_BLOCK_N, has_paired_forward,
-                                              heads_per_block, launch_grid, padded_rows, paired_tiling,
-                                              pairs_query_blocks, postprocess_tiling, tuned_tiling,
-                                              walks_heads)
+                                              heads_per_block, launch_grid, padded_rows,
+                                              paired_tiling, pairs_query_blocks,
+                                              postprocess_tiling, tuned_tiling, walks_heads)
 from opgen.families.contract import Family
 from opgen.plan import (DTYPE_BYTES, CompileJob, FlopsBenchCase, GradPlan, PlanBase, SourceInfo,
                         Sweep, Table, base_fields, ceildiv, explain_tables,
