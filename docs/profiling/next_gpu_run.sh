@@ -51,32 +51,25 @@
 # paused between them); it readied the ping-pong forward on 176-192 key rows and an 80-row
 # backward; session 54 an H100 twice after five failed starts (runs 228-229: 192 key rows the
 # fastest D128 forward, landed in attention and gqa; the 80-row backward right and no faster;
-# no device time left for the tests). Left, in order:
-#   1. Every generated test on the H200 (the acceptance's machine; runs 209-229 were on H100s;
-#      the 192-row D128 forwards since session 54 have run through the probes' odd-length checks
-#      only, not the package tests: `tests attention gqa attention_sink`, then the other five
-#      packages, one call each; a call can check `nvidia-smi --query-gpu=name` first and run
-#      nothing on an H100). Then attention_sink's D128 entries (line 98, overlapped, and 111) on
-#      128 x 192 ping-pong tiles as attention's and gqa's (run 229: causal 0.476-0.483 ms against
-#      0.476-0.498; its forward at 128 x 192 compiles without spills, full and causal; left at
-#      128 until its tests run at 192): a copy
-#      (`SPEC_EDIT='98s/block_n = 128, threads = 256, num_stages = 2, overlap/block_n = 192,
-#      threads = 256, num_stages = 2, pingpong/;111s/block_n = 128/block_n = 192/' bash
-#      docs/profiling/render_copies.sh - bn192 attention_sink`) through `tests attention_sink_bn192`.
-#   2. Every family's bench in one call with the benches taking turns (in_turns), on the H200:
-#      `PREBUILD=1 BENCH_TIMEOUT=200 bash docs/profiling/next_gpu_run.sh bench attention gqa
-#      attention_sink rmsnorm scaled_silu swiglu matmul linear_attention` (two calls if they run
-#      past 600 s: three rounds a case take longer than one did).
+# no device time left for the tests); session 55 an H100 after nine failed starts (runs 230-233:
+# attention_sink's D128 forwards on 192 key rows tested and landed, the three attention packages'
+# 276 tests green on an H100, the gqa and sinks benches in turns; the D64 forwards on the
+# ping-pong forward no faster, so item 4 is done). Left, in order:
+#   1. Every generated test on the H200 (the acceptance's machine; runs 209-233 were on H100s):
+#      all eight packages in one call, ~420 s on an H200 (runs 187-188: prebuild 107 + 41 s,
+#      tests 212 + 54 s): `PREBUILD_TIMEOUT=220 TESTS_TIMEOUT=340 bash docs/profiling/next_gpu_run.sh
+#      tests attention gqa attention_sink matmul rmsnorm swiglu scaled_silu linear_attention`; a
+#      call can check `nvidia-smi --query-gpu=name` first and run something else on an H100.
+#   2. Every family's bench on the H200 with the benches taking turns (in_turns): `BENCH_TIMEOUT=200
+#      bash docs/profiling/next_gpu_run.sh bench attention gqa attention_sink` (gqa 74 s and
+#      attention_sink 52 s on a warm H100, runs 232-233; attention's four cases ~150 s), then
+#      `... bench rmsnorm scaled_silu swiglu matmul linear_attention` (PREBUILD=1 where no tests
+#      call came first). Runs 232-233's host fwd+bwd rows were 35-40% over run 212's (cuDNN's 3%):
+#      see whether that holds.
 #   3. The attention backward's main kernel (0.85x cuDNN's at MHA D128 full): its stalls (run 225)
 #      are GEMM waits (26.6% of the consumers' samples) and the dQ atomics (14.8%); every schedule
 #      tried so far is listed in BENCHMARKS.md, "Targets not reached" (the 80-row step with dQ
 #      transposed too, run 229).
-#   4. The D64 forwards on the ping-pong forward's wider key blocks (D64 full ships 192 x 128 on
-#      three warpgroups; on the CPU, session 54, the ping-pong forward at 128 x 192 compiles
-#      without spills at D64, 128 x 256 and 192 x 192 on three warpgroups spill):
-#      `CONFIGS="pingpong 128x128 s2,pingpong 128x192 s2" ROUNDS=5 ODD_D=64
-#      CASES="8,16,16,2048,64,0,float16;8,16,16,2048,64,1,float16;4,16,16,4096,64,0,float16;4,16,16,4096,64,1,float16"
-#      python docs/profiling/fwd_schedule_probe.py` (D64 full 0.93-0.97x cuDNN).
 # The two-GPU tests need the nvidia-h200-x2 machine: python -m pytest tests/test_two_gpus.py -v
 cd "$(dirname "$0")/../.."
 what=$1; shift
