@@ -64,8 +64,7 @@
 #      bash docs/profiling/next_gpu_run.sh bench attention gqa attention_sink` (gqa 74 s and
 #      attention_sink 52 s on a warm H100, runs 232-233; attention's four cases ~150 s), then
 #      `... bench rmsnorm scaled_silu swiglu matmul linear_attention` (PREBUILD=1 where no tests
-#      call came first). Runs 232-233's host fwd+bwd rows were 35-40% over run 212's (cuDNN's 3%):
-#      see whether that holds.
+#      call came first).
 #   3. The attention backward's main kernel (0.85x cuDNN's at MHA D128 full): its stalls (run 225)
 #      are GEMM waits (26.6% of the consumers' samples) and the dQ atomics (14.8%); every schedule
 #      tried so far is listed in BENCHMARKS.md, "Targets not reached" (the 80-row step with dQ
