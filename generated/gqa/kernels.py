@@ -215,12 +215,18 @@ def pairs_query_blocks(causal, window, seq_len, block_m):
     return has_paired_forward(causal, window) and query_blocks <= PAIRED_MAX_QUERY_BLOCKS
 
 
+def paired_block_n(block_n):
+    """The paired forward's key rows a block, for a forward of block_n ones: at most
+    PAIRED_MAX_BLOCK_N."""
+    return min(block_n, PAIRED_MAX_BLOCK_N)
+
+
 def paired_tiling(tiling):
-    """The paired forward's tiling: the forward's own, with pair_blocks=True and block_n at most
-    PAIRED_MAX_BLOCK_N. The paired kernel runs the plain schedule, so overlap and pingpong are left
+    """The paired forward's tiling: the forward's own, with pair_blocks=True and its block_n
+    (paired_block_n). The paired kernel runs the plain schedule, so overlap and pingpong are left
     out (of its cache key too)."""
     paired = {key: value for key, value in tiling.items() if key not in ("overlap", "pingpong")}
-    return {**paired, "block_n": min(tiling["block_n"], PAIRED_MAX_BLOCK_N), "pair_blocks": True}
+    return {**paired, "block_n": paired_block_n(tiling["block_n"]), "pair_blocks": True}
 
 
 # Rows of a dQ tile that one bulk reduce-add carries (a bwd tiling with bulk_dq).

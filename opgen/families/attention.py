@@ -15,8 +15,8 @@ from typing import Annotated, Any, Callable, Iterator, Literal
 from pydantic import AfterValidator, Field, StrictBool
 
 from opgen.families import attention_launch
-from opgen.families.attention_launch import (DQ_TILE, PAIRED_MAX_BLOCK_N, has_paired_forward,
-                                              heads_per_block, launch_grid, padded_rows,
+from opgen.families.attention_launch import (DQ_TILE, has_paired_forward, heads_per_block,
+                                              launch_grid, padded_rows, paired_block_n,
                                               paired_tiling, pairs_query_blocks,
                                               postprocess_tiling, tuned_tiling, walks_heads)
 from opgen.families.contract import Family
@@ -633,14 +633,12 @@ def smem_bytes(phase: str, tiling: GemmTiling, dim: int, paired: bool = False) -
     aligns TMA and swizzled buffers; small lse/Delta vectors grow when seq_len is block-aligned);
     in bwd the dK/dV staging buffers reuse the loop's space after the loop. fwd is the unpaired
     forward (O staged in Q's tile); with paired, the paired causal forward of the same tiling
-    (block_n capped, paired_tiling), which loads Q with every key step (so holds it per stage)
+    (its block_n capped, paired_block_n), which loads Q with every key step (so holds it per stage)
     and stages O in a tile of its own.
     """
     elem = DTYPE_BYTES["float16"]
     stages = max(1, tiling.num_stages)
-    m, n = tiling.block_m, tiling.block_n
-    if paired:
-        n = min(n, PAIRED_MAX_BLOCK_N)
+    m, n = tiling.block_m, paired_block_n(tiling.block_n) if paired else tiling.block_n
     if phase == "fwd":
         q_tiles = stages + 1 if paired else 1  # paired: Q per stage, and O's own tile
         return q_tiles * whole_kib(elem * m * dim) + 2 * whole_kib(elem * stages * n * dim)
