@@ -25,12 +25,14 @@ TUNED_SPEC = REPO_ROOT / "tests/specs/attention_tuned.toml"
 
 
 def scaffold_text(name: str = "attention") -> str:
-    """What `opgen new NAME` writes: the shipped spec without its [[tiling.tuned]] entries."""
+    """What `opgen new NAME` writes without its [[tiling.tuned]] entries: the spec a first tune
+    starts from."""
     from opgen.cli import scaffolds
     from opgen.render import environment
 
     family, preset = scaffolds()[name]
-    return environment().get_template(family.scaffold_template).render(name=name, preset=preset)
+    return environment().get_template(family.scaffold_template).render(
+        name=name, preset={**preset, "tuned": None})
 
 
 # An attention spec without a [[tiling.tuned]] table (specs/attention.toml has one).

@@ -28,7 +28,9 @@ from opgen.plan import tuned_tables as plan_tuned_tables
 from opgen.spec import (BenchSection, GemmTiling, PositiveInt, Reduction, ReductionKind, RowTiling,
                         StrictModel, TestSection, echo, family_spec, not_whole_warpgroups)
 
-# `opgen new <scaffold>`: the data each commented scaffold is rendered from.
+# `opgen new <scaffold>`: the data each commented scaffold is rendered from. "tuned": the template
+# of its [[tiling.tuned]] entries, those of the shipped spec of that name (specs/ holds each
+# scaffold as `opgen new` writes it), so that a new package starts on the tilings measured fastest.
 SCAFFOLDS = {
     "attention": {
         "title": "multi-head flash attention, forward and backward",
@@ -38,6 +40,7 @@ SCAFFOLDS = {
         "bench_dtype": "float16",
         "bench": [(4, 16, 16, 4096, 128, False, None), (4, 16, 16, 4096, 128, True, None),
                   (4, 16, 16, 4096, 64, False, None), (4, 16, 16, 4096, 64, True, None)],
+        "tuned": "new/tuned/attention.toml.jinja",
     },
     "attention_sink": {
         "title": "attention with learnable sinks, a sliding window and GQA (gpt-oss style)",
@@ -48,6 +51,7 @@ SCAFFOLDS = {
         # The last: gpt-oss's attention (64 query / 8 KV heads, head_dim 64, window 128).
         "bench": [(2, 32, 8, 4096, 128, True, None), (2, 32, 8, 4096, 128, True, 1024),
                   (1, 64, 8, 4096, 64, True, 128)],
+        "tuned": "new/tuned/attention_sink.toml.jinja",
     },
     "gqa": {
         "title": "grouped-query attention with deterministic (in-block) dK/dV",
@@ -56,6 +60,7 @@ SCAFFOLDS = {
         "shapes": [(2, 4, 4, 1000), (1, 8, 2, 1000), (1, 8, 1, 333)],
         "bench_dtype": "bfloat16",
         "bench": [(2, 32, 8, 4096, 128, True, None), (2, 32, 8, 4096, 128, False, None)],
+        "tuned": "new/tuned/gqa.toml.jinja",
     },
 }
 
@@ -560,7 +565,8 @@ def tuned_tilings_fit(spec: Spec):
         if entry.head_dim not in spec.attention.head_dims:
             yield f"{where}.head_dim", (
                 f"must be one of attention.head_dims {echo(spec.attention.head_dims)} "
-                f"(got {entry.head_dim})")
+                f"(got {entry.head_dim}); remove this entry, or add {entry.head_dim} to "
+                "attention.head_dims")
         if tuned_key(entry) in seen:
             window = f", max_window = {entry.max_window}" if entry.max_window else ""
             yield where, (f"repeats head_dim = {entry.head_dim}, causal = {echo(entry.causal)}"

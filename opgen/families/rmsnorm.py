@@ -96,13 +96,14 @@ DEFAULT_TEST_SHAPES = ((3, 333, 77), (37, 5000), (4097,), (65, 8192))
 # fewer blocks than a wave takes is where a row tiling loses) and a narrow one with many rows.
 DEFAULT_BENCH_SHAPES = ((16384, 4096), (4096, 8192), (65536, 1024))
 
-# `opgen new <scaffold>`: the data each commented scaffold is rendered from.
+# `opgen new <scaffold>`: the data each commented scaffold is rendered from; "tuned" as in the
+# attention family's scaffolds.
 SCAFFOLDS = {
     "rmsnorm": scaffold(
         "RMSNorm y = x * rstd * w with a learnable per-channel w, fwd and bwd",
         DEFAULT_TILING, eps="1e-6", weight_dtype="input", max_channels=DEFAULT_MAX_CHANNELS,
         dw="atomic", rstd="auto", shapes=list(DEFAULT_TEST_SHAPES), bench_dtype="bfloat16",
-        bench=list(DEFAULT_BENCH_SHAPES),
+        bench=list(DEFAULT_BENCH_SHAPES), tuned="new/tuned/rmsnorm.toml.jinja",
     ),
 }
 
