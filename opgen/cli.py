@@ -4,6 +4,7 @@ explain, test, bench, plot, tune)."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import signal
 import subprocess
@@ -740,3 +741,11 @@ def _package(name: str, out_root: Path = OUT_ROOT) -> Path:
     if not (package / "__init__.py").is_file():
         raise OpgenError(f"{package.as_posix()}/ does not exist; run `opgen build` first")
     return package
+
+
+# Typer lists each command beside its docstring's first paragraph with the docstring's line breaks
+# kept (mid-sentence on a terminal); that paragraph as one line reads as the command's own help.
+for _command in app.registered_commands:
+    if _command.short_help is None and _command.callback.__doc__:
+        _command.short_help = " ".join(inspect.cleandoc(_command.callback.__doc__)
+                                       .split("\n\n")[0].split())

@@ -92,6 +92,22 @@ def test_list(project, cli):
     assert "flash attention" in result.stdout
 
 
+def test_help_lists_each_command_on_one_line(cli):
+    """`opgen --help` lists each command beside its docstring's first paragraph, on one line on a
+    wide terminal: no break where the docstring's lines break."""
+    import inspect
+
+    from opgen.cli import app
+
+    result = cli("--help")
+    assert result.exit_code == 0
+    for command in app.registered_commands:
+        name = command.name or command.callback.__name__
+        first = " ".join(inspect.cleandoc(command.callback.__doc__).split("\n\n")[0].split())
+        rows = [line for line in result.stdout.splitlines() if line.split()[1:2] == [name]]
+        assert len(rows) == 1 and first in rows[0], (name, rows)
+
+
 def test_version(cli):
     from opgen import __version__
 
