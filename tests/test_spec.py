@@ -404,8 +404,10 @@ def test_test_shapes_need_a_tail_block(project):
 
 def test_bench_head_dim_must_be_a_spec_head_dim(project):
     assert problems(project, MINIMAL + "[attention]\nhead_dims = [64]\n") == [
-        ("bench.shapes.0.head_dim", "must be one of attention.head_dims [64] (got 128)"),
-        ("bench.shapes.1.head_dim", "must be one of attention.head_dims [64] (got 128)"),
+        ("bench.shapes.0.head_dim", "must be one of attention.head_dims [64] (got 128); remove "
+                                    "this shape, or add 128 to attention.head_dims"),
+        ("bench.shapes.1.head_dim", "must be one of attention.head_dims [64] (got 128); remove "
+                                    "this shape, or add 128 to attention.head_dims"),
     ]
 
 

@@ -393,13 +393,17 @@ def tested_shapes_have_a_tail(spec: Spec):
         )
 
 
+def head_dim_not_built(spec: Spec, head_dim: int, holder: str) -> str:
+    """The problem of a bench shape or tuned entry (holder) at a head dim the spec does not build,
+    with both fixes."""
+    return (f"must be one of attention.head_dims {echo(spec.attention.head_dims)} (got {head_dim}); "
+            f"remove this {holder}, or add {head_dim} to attention.head_dims")
+
+
 def bench_head_dims_built(spec: Spec):
-    head_dims = spec.attention.head_dims
     for i, shape in enumerate(spec.bench.shapes):
-        if shape.head_dim not in head_dims:
-            yield f"bench.shapes.{i}.head_dim", (
-                f"must be one of attention.head_dims {echo(head_dims)} (got {shape.head_dim})"
-            )
+        if shape.head_dim not in spec.attention.head_dims:
+            yield f"bench.shapes.{i}.head_dim", head_dim_not_built(spec, shape.head_dim, "shape")
 
 
 def shared_smem_limit(blocks_per_sm: int) -> int:
@@ -563,10 +567,7 @@ def tuned_tilings_fit(spec: Spec):
     for i, entry in enumerate(spec.tiling.tuned):
         where = f"tiling.tuned.{i}"
         if entry.head_dim not in spec.attention.head_dims:
-            yield f"{where}.head_dim", (
-                f"must be one of attention.head_dims {echo(spec.attention.head_dims)} "
-                f"(got {entry.head_dim}); remove this entry, or add {entry.head_dim} to "
-                "attention.head_dims")
+            yield f"{where}.head_dim", head_dim_not_built(spec, entry.head_dim, "entry")
         if tuned_key(entry) in seen:
             window = f", max_window = {entry.max_window}" if entry.max_window else ""
             yield where, (f"repeats head_dim = {entry.head_dim}, causal = {echo(entry.causal)}"
