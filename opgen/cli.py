@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -218,6 +218,9 @@ def build(
             refused = [p for p in (ownership_problem(gen, Path.cwd()) for gen in generated) if p]
             if refused:
                 raise OpgenError("\n".join(refused))
+        for gen in generated:
+            if note := untuned_note(gen.spec_path, gen.spec):
+                out.print(note, markup=False)
         rows = {gen.spec_path: [gen.spec_path, "-", "-", "-", "-", "-"] for gen in generated}
         # Compile first, from a scratch copy of each kernels.py: a spec whose kernels do not
         # compile writes nothing, and its last good package stays as it was.
@@ -257,6 +260,26 @@ def build(
                 f"{sum(len(f.labels) for f in failures)} kernel(s) failed the compile check; "
                 f"nothing written for {', '.join(sorted(failed))}"
             )
+
+
+def untuned_note(spec_path: str, spec: Any) -> str | None:
+    """The note of a spec with variants no [[tiling.tuned]] entry serves (a head dim added to a
+    scaffold, say): their calls run the base tiling, which is far from the fastest on Hopper."""
+    tuner = FAMILIES[spec.family].tuner()
+    untuned = tuner.untuned(spec) if tuner else []
+    if not untuned:
+        return None
+    # The subset options that narrow the tune to these keys (those that narrow it at all).
+    options = []
+    for option, (field, _) in tuner.subset_options.items():
+        i = tuner.key_fields.index(field)
+        values = list(dict.fromkeys(key[i] for key in untuned))
+        if len(values) < len(tuner.subset_values(spec, field)):
+            options.append(f" {option} {','.join(str(v) for v in values)}")
+    return (f"note: {spec_path}: no [[tiling.tuned]] entry serves "
+            f"{', '.join(tuner.describe(key) for key in untuned)}; those calls run the base "
+            f"tiling. On a Hopper GPU, `opgen tune {spec_path}{''.join(options)}` times the "
+            "candidates and writes the fastest.")
 
 
 # TileLang's words when a tile and the threads of its phase have no common fragment layout.

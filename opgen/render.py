@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import jinja2
 
@@ -35,6 +36,7 @@ class Generated:
     plan: PlanBase
     files: dict[str, str]
     out_root: Path = OUT_ROOT  # as shown: relative to the working directory where below it
+    spec: Any = None  # the validated spec the plan was made from
 
     @property
     def out_dir(self) -> Path:
@@ -62,10 +64,10 @@ def environment() -> jinja2.Environment:
 
 
 def load_plan(path: Path, out_root: Path | None = None) -> tuple[PlanBase, Family]:
-    return _load(path, out_root)[1:]
+    return _load(path, out_root)[2:]
 
 
-def _load(path: Path, out_root: Path | None) -> tuple[SpecSource, PlanBase, Family]:
+def _load(path: Path, out_root: Path | None) -> tuple[SpecSource, Any, PlanBase, Family]:
     source = read_spec(path)
     family = source.data.get("family")
     if family is None:
@@ -82,7 +84,7 @@ def _load(path: Path, out_root: Path | None) -> tuple[SpecSource, PlanBase, Fami
     root = (out_root or OUT_ROOT).as_posix()
     info = SourceInfo(origin or source.path, spec_digest(spec), __version__,
                       import_root=import_root(root))
-    return source, found.plan(spec, info), found
+    return source, spec, found.plan(spec, info), found
 
 
 def built_from(path: Path, package: Path) -> str | None:
@@ -101,7 +103,7 @@ def generate(path: Path, env: jinja2.Environment | None = None,
              out_root: Path = OUT_ROOT) -> Generated:
     """The package `path` builds into out_root/<name>/ (out_root only decides which spec path a
     rebuild from the package's own spec.toml records: see built_from)."""
-    source, plan, family = _load(path, out_root)
+    source, spec, plan, family = _load(path, out_root)
     env = env or environment()
     files: dict[str, str] = {}
     for out_name, template in sorted(family.templates.items()):
@@ -109,7 +111,7 @@ def generate(path: Path, env: jinja2.Environment | None = None,
         files[out_name.format(name=plan.name)] = formatted(text)
     files[SPEC_FILE] = source.text
     files[MANIFEST] = manifest(plan.source, files, compile_checked=False)
-    return Generated(plan.name, plan.source.spec_path, plan, files, out_root)
+    return Generated(plan.name, plan.source.spec_path, plan, files, out_root, spec)
 
 
 def header(source: SourceInfo) -> str:

@@ -312,6 +312,45 @@ def test_build_writes_the_packages(project, cli):
     assert result.stderr == ""
 
 
+def test_build_notes_the_variants_no_tuned_entry_serves(project, cli):
+    """A head dim added to a scaffold has no [[tiling.tuned]] entry: the build says its calls run
+    the base tiling and names the tune that would pick theirs (the head dim alone). The shipped
+    specs have no such variant."""
+    from opgen.cli import untuned_note
+    from opgen.families import FAMILIES
+    from opgen.spec import read_spec, validate
+
+    assert cli("new", "attention", "--name", "foo").exit_code == 0
+    spec = project / "specs/foo.toml"
+    spec.write_text(spec.read_text().replace("head_dims = [64, 128]", "head_dims = [64, 96, 128]"))
+    result = cli("build", "--no-compile")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0] == (
+        "note: specs/foo.toml: no [[tiling.tuned]] entry serves d96 full, d96 causal; those calls "
+        "run the base tiling. On a Hopper GPU, `opgen tune specs/foo.toml --head-dims 96` times "
+        "the candidates and writes the fastest.")
+    for path in sorted((REPO_ROOT / "specs").glob("*.toml")):
+        source = read_spec(path)
+        assert untuned_note(str(path), validate(FAMILIES[source.data["family"]].spec, source)) is None
+
+
+def test_build_notes_an_untuned_channel_count(project, cli):
+    """rmsnorm's entries are per channel count: a bench shape at a new one gets the note, with
+    the tune of that count alone; a count whose entry sets one phase was tuned (the other phase
+    kept the base tiling) and gets none."""
+    assert cli("new", "rmsnorm", "--name", "norm").exit_code == 0
+    spec = project / "specs/norm.toml"
+    spec.write_text(spec.read_text().replace("{ rows = 4096, channels = 8192 },",
+                                             "{ rows = 4096, channels = 8192 },\n"
+                                             "    { rows = 4096, channels = 2048 },"))
+    result = cli("build", "--no-compile")
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.stdout.splitlines() if line.startswith("note:")]
+    assert notes == ["note: specs/norm.toml: no [[tiling.tuned]] entry serves C=2048; those calls "
+                     "run the base tiling. On a Hopper GPU, `opgen tune specs/norm.toml "
+                     "--channels 2048` times the candidates and writes the fastest."]
+
+
 def test_build_twice_changes_nothing(foo, cli):
     package = foo / "generated/foo"
     before = mtimes(package)

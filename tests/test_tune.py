@@ -165,6 +165,18 @@ bwd = {SHORT}
 """
 
 
+def test_untuned_keys_are_those_no_entry_serves():
+    """The keys `opgen build` notes as running the base tiling: no entry of their own and none
+    that serves them (a causal entry without max_window serves every window); a key whose entry
+    sets one phase was tuned."""
+    windowed = spec_of(WINDOWED_TEXT)
+    assert AT.TUNER.untuned(windowed) == [(64, False, 0), (128, False, 0), (128, True, 0),
+                                          (128, True, 1024)]
+    assert AT.TUNER.untuned(validate(ATTENTION, read_spec(TUNED_SPEC))) == [(64, True, 0),
+                                                                             (128, False, 0)]
+    assert AT.TUNER.untuned(shipped("attention_sink")) == []
+
+
 def test_a_window_entry_serves_the_windows_up_to_its_max_window(tmp_path):
     path = tmp_path / "attention_sink.toml"
     path.write_text(WINDOWED_TEXT)

@@ -153,6 +153,15 @@ class Tuner(ABC):
         tiling = self.entries(spec).get(key, {}).get(phase)
         return tiling if tiling is not None else getattr(spec.tiling, phase).model_dump()
 
+    def untuned(self, spec: Any) -> list[tuple]:
+        """The keys to tune that no [[tiling.tuned]] entry serves in any phase: their calls run
+        the base tiling. (A key whose entry sets some phases was tuned: `opgen tune` writes only
+        the phases whose winner beat the base tiling.)"""
+        entries = self.entries(spec)
+        return [key for key in self.keys(spec) if key not in entries and all(
+            self.current(spec, key, phase) == getattr(spec.tiling, phase).model_dump()
+            for phase in self.phases)]
+
     def entry_key(self, entry: Any) -> tuple:
         """An entry's key: its key_fields' values (the family's plan keys its tables the same)."""
         return tuple(getattr(entry, f) for f in self.key_fields)
