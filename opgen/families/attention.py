@@ -396,8 +396,8 @@ def tested_shapes_have_a_tail(spec: Spec):
 def head_dim_not_built(spec: Spec, head_dim: int, holder: str) -> str:
     """The problem of a bench shape or tuned entry (holder) at a head dim the spec does not build,
     with both fixes."""
-    return (f"must be one of attention.head_dims {echo(spec.attention.head_dims)} (got {head_dim}); "
-            f"remove this {holder}, or add {head_dim} to attention.head_dims")
+    return (f"must be one of attention.head_dims {echo(spec.attention.head_dims)} "
+            f"(got {head_dim}); remove this {holder}, or add {head_dim} to attention.head_dims")
 
 
 def bench_head_dims_built(spec: Spec):
