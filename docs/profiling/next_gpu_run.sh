@@ -54,7 +54,15 @@
 # no device time left for the tests); session 55 an H100 after nine failed starts (runs 230-233:
 # attention_sink's D128 forwards on 192 key rows tested and landed, the three attention packages'
 # 276 tests green on an H100, the gqa and sinks benches in turns; the D64 forwards on the
-# ping-pong forward no faster, so item 4 is done). Left, in order:
+# ping-pong forward no faster, so item 4 is done); session 56 none (loans paused): it packed the
+# kernels built on the CPU into .prof for the prebuild to load (item 0). Left, in order:
+#   0. Before the session's first call, on the CPU machine (session 56 packed one; repack after a
+#      kernel change, else those kernels build on the GPU machine as before):
+#      `bash docs/profiling/next_gpu_run.sh pack-cache attention gqa attention_sink matmul rmsnorm
+#      swiglu scaled_silu linear_attention` (~20 min), so that the prebuild below loads the kernels
+#      instead of spending ~150 s of the call building them. The first call's log says whether
+#      the carried entries loaded ("carried cache: N kernels", then the prebuild's "already in
+#      TileLang's cache" count); untried on a GPU so far.
 #   1. Every generated test on the H200 (the acceptance's machine; runs 209-233 were on H100s):
 #      all eight packages in one call, ~420 s on an H200 (runs 187-188: prebuild 107 + 41 s,
 #      tests 212 + 54 s): `PREBUILD_TIMEOUT=220 TESTS_TIMEOUT=340 bash docs/profiling/next_gpu_run.sh
@@ -81,6 +89,20 @@ if [ "$what" = prep ]; then
   find .prof/site -name __pycache__ -type d -prune -exec rm -rf {} +
   exit 0
 fi
+if [ "$what" = pack-cache ]; then
+  # On the CPU machine: every kernel variant of the named packages built for sm_90a into a TileLang
+  # cache of its own (prebuild_kernels.py; ~20 min on 2 cores for all eight), packed into .prof
+  # (a few MB: cubins and host libraries compress ~27x). A call that carries .prof loads them
+  # (below) instead of building them on the GPU machine, where the prebuild of the eight took
+  # 148 s of an H200 call (runs 187-188). TileLang keys an entry on the kernel's TIR, target, pass
+  # configs, its own version and the platform, not on the machine that built it; an entry that
+  # fails to load there is a miss, built again.
+  export TILELANG_DEFAULT_TARGET='{"kind": "cuda", "arch": "sm_90a"}'
+  rm -rf /tmp/opgen-tlcache
+  TILELANG_CACHE_DIR=/tmp/opgen-tlcache python docs/profiling/prebuild_kernels.py "$@" || exit 1
+  tar -cf - -C /tmp/opgen-tlcache . | xz -9 -T2 > .prof/tilelang-cache.tar.xz
+  exit 0
+fi
 export PYTHONPATH="$PYTHONPATH:$(pwd)/.prof/site"
 python -c "import opgen.templates" 2>/dev/null || ln -s ../templates opgen/templates
 L=${OUT:-.}/next_gpu_run.log
@@ -88,6 +110,13 @@ start=$(date +%s)
 # One target for every mode's kernels: TileLang's cache key holds it, so the kernels prebuild
 # (below), the tests, the benches and opgen tune build are loaded by the others.
 export TILELANG_DEFAULT_TARGET='{"kind": "cuda", "arch": "sm_90a"}'
+# The kernels pack-cache built on the CPU machine, where .prof carries them: TileLang loads each
+# from this cache (the prebuild's "already in TileLang's cache" counts them) instead of building it.
+if [ -f .prof/tilelang-cache.tar.xz ] && [ -z "$TILELANG_CACHE_DIR" ]; then
+  mkdir -p /tmp/opgen-tlcache && tar -xJf .prof/tilelang-cache.tar.xz -C /tmp/opgen-tlcache
+  export TILELANG_CACHE_DIR=/tmp/opgen-tlcache
+  echo "carried cache: $(find /tmp/opgen-tlcache -name executable.so | wc -l) kernels at $(( $(date +%s) - start )) s" >> $L
+fi
 prebuild() {
   timeout ${PREBUILD_TIMEOUT:-240} python docs/profiling/prebuild_kernels.py "$@" >> $L 2>&1
   echo "prebuild rc=$? at $(( $(date +%s) - start )) s" >> $L
