@@ -110,12 +110,13 @@ start=$(date +%s)
 # One target for every mode's kernels: TileLang's cache key holds it, so the kernels prebuild
 # (below), the tests, the benches and opgen tune build are loaded by the others.
 export TILELANG_DEFAULT_TARGET='{"kind": "cuda", "arch": "sm_90a"}'
-# The kernels pack-cache built on the CPU machine, where .prof carries them: TileLang loads each
-# from this cache (the prebuild's "already in TileLang's cache" counts them) instead of building it.
-if [ -f .prof/tilelang-cache.tar.xz ] && [ -z "$TILELANG_CACHE_DIR" ]; then
-  mkdir -p /tmp/opgen-tlcache && tar -xJf .prof/tilelang-cache.tar.xz -C /tmp/opgen-tlcache
-  export TILELANG_CACHE_DIR=/tmp/opgen-tlcache
-  echo "carried cache: $(find /tmp/opgen-tlcache -name executable.so | wc -l) kernels at $(( $(date +%s) - start )) s" >> $L
+# The kernels pack-cache built on the CPU machine, where .prof carries them, added to this call's
+# TileLang cache (.gpu/env.sh names it): TileLang loads each (the prebuild's "already in TileLang's
+# cache" counts them) instead of building it.
+if [ -f .prof/tilelang-cache.tar.xz ]; then
+  export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tilelang-cache}
+  mkdir -p "$TILELANG_CACHE_DIR" && tar -xJf .prof/tilelang-cache.tar.xz -C "$TILELANG_CACHE_DIR"
+  echo "carried cache: $(find "$TILELANG_CACHE_DIR" -name executable.so | wc -l) kernels at $(( $(date +%s) - start )) s" >> $L
 fi
 prebuild() {
   timeout ${PREBUILD_TIMEOUT:-240} python docs/profiling/prebuild_kernels.py "$@" >> $L 2>&1
