@@ -59,7 +59,7 @@
 #   0. Before the session's first call, on the CPU machine (session 56 packed one; repack after a
 #      kernel change, else those kernels build on the GPU machine as before):
 #      `bash docs/profiling/next_gpu_run.sh pack-cache attention gqa attention_sink matmul rmsnorm
-#      swiglu scaled_silu linear_attention` (~20 min), so that the prebuild below loads the kernels
+#      swiglu scaled_silu linear_attention` (11 min), so that the prebuild below loads the kernels
 #      instead of spending ~150 s of the call building them. The first call's log says whether
 #      the carried entries loaded ("carried cache: N kernels", then the prebuild's "already in
 #      TileLang's cache" count); untried on a GPU so far.
@@ -91,7 +91,7 @@ if [ "$what" = prep ]; then
 fi
 if [ "$what" = pack-cache ]; then
   # On the CPU machine: every kernel variant of the named packages built for sm_90a into a TileLang
-  # cache of its own (prebuild_kernels.py; ~20 min on 2 cores for all eight), packed into .prof
+  # cache of its own (prebuild_kernels.py; 11 min on 2 cores for all eight), packed into .prof
   # (a few MB: cubins and host libraries compress ~27x). A call that carries .prof loads them
   # (below) instead of building them on the GPU machine, where the prebuild of the eight took
   # 148 s of an H200 call (runs 187-188). TileLang keys an entry on the kernel's TIR, target, pass
